@@ -1,0 +1,131 @@
+"""Strict TOML config reading shared by the agent and the controller.
+
+Every accessor names the full dotted field in its error, so a typo in a config file
+becomes `azprobe: agent.intervl_s: unknown key (known: interval_s, listen, ring_size)`
+and exit code 2, never a traceback or a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from azprobe.errors import ConfigError
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; a missing or unparsable file is a ConfigError naming it."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(str(p), "config file not found", "pass --config with an existing file") from None
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot read config: {exc.strerror}") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(p), f"not valid TOML: {exc}") from None
+
+
+class Section:
+    """A view of one config table that hands out typed values and tracks known keys."""
+
+    def __init__(self, data: Any, name: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(name, f"expected a table, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+        self.name = name
+        self._known: set[str] = set()
+
+    def field(self, key: str) -> str:
+        return f"{self.name}.{key}" if self.name else key
+
+    def _get(self, key: str, default: Any) -> Any:
+        self._known.add(key)
+        return self.data.get(key, default)
+
+    def section(self, key: str) -> "Section":
+        return Section(self._get(key, {}), self.field(key))
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def string(self, key: str, default: str | None = None, *, required: bool = False) -> str:
+        value = self._get(key, default)
+        if value is None and required:
+            raise ConfigError(self.field(key), "is required", f"set {self.field(key)} = \"...\"")
+        if not isinstance(value, str) or (required and not value):
+            raise ConfigError(self.field(key), f"expected a string, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float, *, min: float = -math.inf, max: float = math.inf) -> float:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ConfigError(self.field(key), f"expected a number, got {value!r}")
+        if not min <= value <= max:
+            raise ConfigError(self.field(key), f"{value} is outside {min}..{max}")
+        return float(value)
+
+    def integer(self, key: str, default: int, *, min: int = -(2**63), max: int = 2**63) -> int:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.field(key), f"expected an integer, got {value!r}")
+        if not min <= value <= max:
+            raise ConfigError(self.field(key), f"{value} is outside {min}..{max}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self.field(key), f"expected true or false, got {value!r}")
+        return value
+
+    def string_list(self, key: str, default: Iterable[str] = ()) -> list[str]:
+        value = self._get(key, list(default))
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(self.field(key), f"expected a list of strings, got {value!r}")
+        return list(value)
+
+    def reject_unknown(self) -> None:
+        """Call after reading every key: anything left over is a typo or a stale key."""
+        unknown = sorted(set(self.data) - self._known)
+        if unknown:
+            known = ", ".join(sorted(self._known)) or "none"
+            raise ConfigError(self.field(unknown[0]), f"unknown key (known: {known})")
+
+
+def parse_host_port(value: str, field: str) -> tuple[str, int]:
+    """"host:port" or "[v6]:port" -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(field, f"{value!r} is not host:port", "for example 127.0.0.1:9740")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_topology(section: Section) -> dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    """[topology] AZ name -> list of CIDRs. Rejects bad CIDRs and prefixes shared by two AZs."""
+    topology: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
+    for az in section.data:
+        if az == "other" or not az.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(section.field(az), "bad AZ name", "use letters, digits, '-' or '_' (not 'other')")
+        nets = []
+        for cidr in section.string_list(az):
+            try:
+                nets.append(ipaddress.ip_network(cidr, strict=True))
+            except ValueError as exc:
+                raise ConfigError(section.field(az), f"bad CIDR {cidr!r}: {exc}") from None
+        topology[az] = nets
+    owners = [(net, az) for az, nets in topology.items() for net in nets]
+    for i, (net, az) in enumerate(owners):
+        for other_net, other_az in owners[i + 1:]:
+            if az != other_az and net.version == other_net.version and net.overlaps(other_net):
+                raise ConfigError(section.field(other_az), f"{other_net} overlaps {net} of {az}",
+                                  "each address must belong to one AZ")
+    return topology
