@@ -1,0 +1,238 @@
+"""The kernel side's thin shell: load bpf/azprobe.bpf.c with BCC once, fill the LPM trie,
+read the per-CPU maps as cumulative Snapshots and drain the perf buffer of events."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import ipaddress
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import bpf
+from agent.lpm import TrieEntry
+from agent.windows import BPF_COUNTER_FIELDS, Snapshot
+from azprobe.errors import PrerequisiteError
+
+log = logging.getLogger(__name__)
+
+TRACEFS = Path("/sys/kernel/tracing")
+BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
+TRACEPOINTS = ("tcp/tcp_probe", "tcp/tcp_retransmit_skb", "tcp/tcp_cong_state_set",
+               "tcp/tcp_receive_reset", "sock/inet_sock_set_state")
+
+EVENT_KINDS = {
+    bpf.constant("EV_SYN_RETRANS"): "syn_retrans",
+    bpf.constant("EV_RTO"): "rto",
+    bpf.constant("EV_SYN_RTO"): "syn_rto",
+    bpf.constant("EV_CONN_REFUSED"): "conn_refused",
+    bpf.constant("EV_CONN_TIMEOUT"): "conn_timeout",
+}
+
+
+def check_prerequisites() -> None:
+    """Raise PrerequisiteError naming the first missing prerequisite and its fix."""
+    if os.geteuid() != 0:
+        raise PrerequisiteError("not root: loading BPF needs root (CAP_BPF, CAP_PERFMON); run the agent as root")
+    if not BTF_VMLINUX.exists():
+        raise PrerequisiteError(f"no BTF: {BTF_VMLINUX} is missing; use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    if not (TRACEFS / "events").is_dir():
+        raise PrerequisiteError(f"tracefs not mounted at {TRACEFS}: run `mount -t tracefs nodev {TRACEFS}`")
+    for tp in TRACEPOINTS:
+        if not (TRACEFS / "events" / tp / "format").exists():
+            raise PrerequisiteError(f"kernel lacks tracepoint {tp.replace('/', ':')}: azprobe needs Linux >= 5.15")
+    try:
+        importlib.import_module("bcc")
+    except ImportError:
+        raise PrerequisiteError("bcc not importable (python3-bpfcc): run `make setup`") from None
+    build = Path("/lib/modules") / os.uname().release / "build"
+    if not build.exists():
+        raise PrerequisiteError(f"kernel headers link missing: {build}; run `make setup`")
+
+
+def tracepoint_has_field(tracepoint: str, field_name: str) -> bool:
+    try:
+        fmt = (TRACEFS / "events" / tracepoint / "format").read_text()
+    except OSError:
+        return False
+    return any(f" {field_name};" in line for line in fmt.splitlines() if line.strip().startswith("field:"))
+
+
+def compile_program(source: str, extra_cflags: Iterable[str] = ()) -> object:
+    """Compile and attach one program of bpf/ with BCC; errors become PrerequisiteError."""
+    from bcc import BPF  # noqa: PLC0415 - heavy, and only the agent needs it
+
+    cflags = [f"-I{bpf.source_dir()}", *extra_cflags]
+    try:
+        return BPF(src_file=str(bpf.source_dir() / source).encode(), cflags=cflags)
+    except Exception as exc:  # BCC raises bare Exception for compile/verify failures
+        raise PrerequisiteError(f"cannot load BPF program {source}: {str(exc).splitlines()[0]}") from exc
+
+
+def program_stats(program: object) -> dict[str, tuple[int, int]]:
+    """Cumulative run time and run count of each loaded handler, read from this process's
+    /proc/self/fdinfo (the kernel fills them only while sysctl kernel.bpf_stats_enabled=1)."""
+    out = {}
+    for func in program.funcs.values():
+        name = func.name.decode() if isinstance(func.name, bytes) else func.name
+        fields = {}
+        try:
+            for line in Path(f"/proc/self/fdinfo/{func.fd}").read_text().splitlines():
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+        except OSError:
+            continue
+        if "run_time_ns" in fields:
+            out[name.rsplit("__", 1)[-1]] = (int(fields["run_time_ns"]), int(fields.get("run_cnt", 0)))
+    return out
+
+
+@dataclass(frozen=True)
+class ProbeEvent:
+    ts_ns: int
+    kind: str
+    src_az_id: int
+    dst_az_id: int
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+
+
+def _address(raw: bytes) -> str:
+    addr = ipaddress.IPv6Address(bytes(raw))
+    return str(addr.ipv4_mapped or addr)
+
+
+class Probe:
+    """One loaded azprobe program. Load once per process: BCC costs ~1 s and ~140 MB."""
+
+    def __init__(self, program: object) -> None:
+        self.bpf = program
+        self.lost_events = 0
+        self._on_event: Callable[[ProbeEvent], None] | None = None
+
+    @classmethod
+    def load(cls) -> "Probe":
+        check_prerequisites()
+        cflags = []
+        if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
+            cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
+        return cls(compile_program(bpf.PROGRAM, cflags))
+
+    # -- topology ------------------------------------------------------------------
+    def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:
+        """Replace the trie's contents (new entries first, then stale ones removed) and
+        the agent's own AZ, and forget cached flow paths; the program keeps running."""
+        trie = self.bpf[b"az_trie"]
+        wanted = {}
+        for e in entries:
+            key = trie.Key(e.prefixlen, (ctypes.c_ubyte * 16)(*e.addr))
+            wanted[(e.prefixlen, e.addr)] = key
+            trie[key] = trie.Leaf(e.az_id)
+        for key in list(trie.keys()):
+            if (key.prefixlen, bytes(key.addr)) not in wanted:
+                try:
+                    del trie[key]
+                except KeyError:
+                    pass
+        config = self.bpf[b"agent_config"]
+        leaf = config.Leaf()
+        leaf.own_az = own_az_id
+        config[ctypes.c_int(0)] = leaf
+        # Cached flow -> path answers may be stale now; flows re-enter on their next connect.
+        self.bpf[b"flow_cache"].clear()
+
+    def trie_size(self) -> int:
+        return len(list(self.bpf[b"az_trie"].keys()))
+
+    # -- reading -------------------------------------------------------------------
+    @staticmethod
+    def _items(table) -> list:
+        try:
+            return list(table.items_lookup_batch())
+        except Exception:  # kernels or maps without batch ops
+            return table.items()
+
+    def _read_rtt_rows(self, paths: Iterable[int]) -> dict[int, dict[int, int]]:
+        """Rows of the per-CPU rtt_rows array (one element of NUM_BUCKETS counters per
+        path), one lookup syscall per path, CPUs summed."""
+        from bcc.libbcc import lib  # noqa: PLC0415
+        from bcc.utils import get_possible_cpus  # noqa: PLC0415
+
+        fd = self.bpf[b"rtt_rows"].map_fd
+        buckets = bpf.constant("NUM_BUCKETS")
+        ncpu = len(get_possible_cpus())
+        values = (ctypes.c_uint64 * (buckets * ncpu))()
+        flat = memoryview(values).cast("B").cast("Q")
+        rows = {}
+        for path in paths:
+            key = ctypes.c_uint32(path)
+            if lib.bpf_lookup_elem(fd, ctypes.byref(key), values) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"reading rtt_rows[{path}]: {os.strerror(err)}")
+            sums = flat[0:buckets].tolist()
+            for cpu in range(1, ncpu):
+                sums = [a + b for a, b in zip(sums, flat[cpu * buckets:(cpu + 1) * buckets].tolist())]
+            row = {i: n for i, n in enumerate(sums) if n}
+            if row:
+                rows[path] = row
+        return rows
+
+    def snapshot(self, rtt_paths: Iterable[int] = ()) -> Snapshot:
+        """Cumulative counters and histograms; RTT rows only for `rtt_paths` (the paths
+        between known AZs: reading all AZP_MAX_PATHS rows every interval is wasted work)."""
+        snap = Snapshot(lost_events=self.lost_events)
+        rtt_kind = bpf.constant("HIST_RTT")
+        for path, row in self._read_rtt_rows(rtt_paths).items():
+            snap.hists[(path, rtt_kind)] = row
+        for key, per_cpu in self._items(self.bpf[b"path_counters"]):
+            sums = dict.fromkeys(BPF_COUNTER_FIELDS, 0)
+            for cpu_value in per_cpu:
+                for name in BPF_COUNTER_FIELDS:
+                    sums[name] += getattr(cpu_value, name)
+            snap.counters[getattr(key, "value", key)] = sums
+        for key, per_cpu in self._items(self.bpf[b"hists"]):
+            snap.hists.setdefault((key.path, key.kind), {})[key.bucket] = sum(per_cpu)
+        return snap
+
+    # -- events --------------------------------------------------------------------
+    def open_events(self, on_event: Callable[[ProbeEvent], None], page_cnt: int = 64) -> None:
+        """Deliver events to `on_event` (replacing an earlier receiver: the perf buffer
+        is opened once per probe, so agents can take turns on one loaded program)."""
+        first = self._on_event is None
+        self._on_event = on_event
+        if not first:
+            return
+        max_az = bpf.constant("MAX_AZ")
+
+        # No reference to the table is kept here: BCC's cleanup must be able to free it
+        # while the map fd is still open.
+        def handle(_cpu: int, data: int, _size: int) -> None:
+            raw = self.bpf[b"events"].event(data)
+            src, dst = divmod(raw.path, max_az)
+            receiver = self._on_event
+            if receiver is not None:
+                receiver(ProbeEvent(ts_ns=raw.ts_ns, kind=EVENT_KINDS.get(raw.kind, str(raw.kind)),
+                                    src_az_id=src, dst_az_id=dst, saddr=_address(raw.saddr),
+                                    sport=raw.sport, daddr=_address(raw.daddr), dport=raw.dport))
+
+        def lost(count: int) -> None:
+            self.lost_events += count
+
+        self.bpf[b"events"].open_perf_buffer(handle, page_cnt=page_cnt, lost_cb=lost)
+
+    def poll_events(self, timeout_ms: int) -> None:
+        if self._on_event is None:
+            return
+        self.bpf.perf_buffer_poll(timeout=max(0, int(timeout_ms)))
+
+    def program_stats(self) -> dict[str, tuple[int, int]]:
+        """Handler name (e.g. "tcp_probe") -> (run_time_ns, run_cnt) from bpf_stats."""
+        return program_stats(self.bpf)
+
+    def close(self) -> None:
+        self.bpf.cleanup()

@@ -1,0 +1,66 @@
+"""Config files the demo generates for its own agent and controllers. Pure text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as a TOML value")
+
+
+def toml_tables(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """Tables of scalars and lists (all our configs need), in the given order."""
+    out = []
+    for name, table in tables.items():
+        out.append(f"[{name}]")
+        out += [f"{json.dumps(k) if not k.replace('-', '').replace('_', '').isalnum() else k} = {toml_value(v)}"
+                for k, v in table.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def agent_config_with_listen(doc: Mapping[str, Any], listen: str) -> str:
+    """The lab's agent config with our own listen address (a free loopback port, so the
+    demo never collides with an agent already running on the default port)."""
+    tables = {name: dict(table) for name, table in doc.items()}
+    tables.setdefault("agent", {})["listen"] = listen
+    return toml_tables(tables)
+
+
+@dataclass(frozen=True)
+class ControllerPlan:
+    """What differs between the demo's controllers: everything else is the drill's."""
+
+    name: str
+    listen: str  # host:port for /metrics and /healthz
+
+
+def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, agent_urls: Sequence[str],
+                      interval_s: float = 1.0, evaluation_window_s: float = 3.0, lock_delay_s: float = 2.0,
+                      session_ttl_s: float = 10.0, heartbeat_s: float = 30.0, model: str = "default",
+                      min_samples: int = 20, drain_dwell_s: float | None = None) -> str:
+    """A controller config (CONTRACTS.md) with short intervals, so a drill runs in seconds.
+    drain_dwell_s None keeps the controller's default."""
+    safety: dict[str, Any] = {"min_samples": min_samples, "heartbeat_s": heartbeat_s}
+    if drain_dwell_s is not None:
+        safety["drain_dwell_s"] = drain_dwell_s
+    return toml_tables({
+        "controller": {"name": plan.name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
+                       "listen": plan.listen, "session_ttl_s": session_ttl_s, "lock_delay_s": lock_delay_s},
+        "consul": {"address": consul_url, "prefix": prefix},
+        "agents": {"static": list(agent_urls), "pull_timeout_s": 0.5},
+        "model": {"name": model},
+        "safety": safety,
+    })

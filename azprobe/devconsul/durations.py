@@ -1,0 +1,44 @@
+"""Go's time.ParseDuration, because Consul takes every duration ("10s", "1m30s",
+"15000000000" as ns in some fields) in Go's syntax and clients send exactly that."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+_UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+             "m": 60_000_000_000, "h": 3_600_000_000_000}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+@lru_cache(maxsize=256)  # watchers send the same "30s" thousands of times a second
+def parse_go_duration_ns(text: str) -> int:
+    """"1m30s" -> 90_000_000_000. Raises ValueError with Go's wording on bad input."""
+    s = text.strip()
+    sign = 1
+    if s[:1] in "+-" and s:
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    if s == "0":
+        return 0
+    if not s:
+        raise ValueError(f'time: invalid duration "{text}"')
+    total = 0.0
+    pos = 0
+    for match in _PART.finditer(s):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS_NS[match.group(2)]
+        pos = match.end()
+    if pos != len(s) or pos == 0:
+        if re.fullmatch(r"[\d.]+", s):
+            raise ValueError(f'time: missing unit in duration "{text}"')
+        raise ValueError(f'time: invalid duration "{text}"')
+    return sign * int(round(total))
+
+
+def format_go_duration(ns: int) -> str:
+    """Inverse for the common whole-second case ("15s"), as Consul echoes TTLs."""
+    if ns % 1_000_000_000 == 0:
+        return f"{ns // 1_000_000_000}s"
+    return f"{ns / 1e9:g}s"

@@ -1,0 +1,114 @@
+"""Controller scale bench: 5,000 synthetic agents x 3 AZs, one collect+merge+decide cycle per second.
+
+The agents are served cheaply by ONE separate process (tests/fakeagent.py bulk mode: one
+port, agent N at http://127.0.0.1:PORT/a/N, a new window per agent per second), so the
+numbers are the controller's: real HTTP pulls of every agent, parse_window on every
+window, the evaluation-window merge, the spike detector, model + safety for the global
+and per-source views. Consul is not involved (publishing is one txn per cycle).
+
+Prints progress on stderr and ONE final JSON line on stdout:
+cycle p50/p99/max (s), pull p50 (s), the controller process's CPU % (of one core) over
+the measured cycles, windows per cycle, failed pulls. Goal: <= 1 s per cycle on one core.
+
+    .venv/bin/python bench/controller_scale.py [--agents 5000] [--cycles 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from controller.config import parse_config  # noqa: E402
+from controller.main import Controller  # noqa: E402
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def run(controller: Controller, cycles: int, warmup: int, interval: float) -> dict:
+    proc = psutil.Process()
+    durations: list[float] = []
+    cpu_per_cycle: list[float] = []
+    pulls: list[float] = []
+    windows: list[int] = []
+    failed: list[int] = []
+    cpu_start = wall_start = None
+    next_at = time.monotonic()
+    for i in range(warmup + cycles):
+        if i == warmup:
+            t = proc.cpu_times()
+            cpu_start, wall_start = t.user + t.system, time.monotonic()
+        cpu_before = time.process_time()
+        out = await controller.cycle()
+        if i >= warmup:
+            cpu_per_cycle.append(time.process_time() - cpu_before)
+            durations.append(out.duration_s)
+            pulls.append(out.pull.duration_s)
+            windows.append(out.merged.windows_used)
+            failed.append(out.pull.failed)
+            print(f"cycle {i - warmup + 1}/{cycles}: {out.duration_s:.3f} s, cpu {cpu_per_cycle[-1]:.3f} s "
+                  f"(pull {out.pull.duration_s:.3f} s, "
+                  f"{out.pull.ingested} new windows, {out.pull.failed} failed)", file=sys.stderr)
+        next_at += interval
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    t = proc.cpu_times()
+    cpu = (t.user + t.system - cpu_start) / (time.monotonic() - wall_start)
+    await controller.collector.close()
+    shares = {az: z.share for az, z in controller.latest_views[""].zones.items()} if controller.latest_views else {}
+    return {"cycle_p50_s": round(statistics.median(durations), 4), "cycle_p99_s": round(quantile(durations, 0.99), 4),
+            "cycle_max_s": round(max(durations), 4), "pull_p50_s": round(statistics.median(pulls), 4),
+            "cycle_cpu_p50_s": round(statistics.median(cpu_per_cycle), 4),
+            "cycle_cpu_p99_s": round(quantile(cpu_per_cycle, 0.99), 4),
+            "controller_cpu_pct": round(100 * cpu, 1), "windows_in_evaluation": int(statistics.median(windows)),
+            "failed_pulls_max": max(failed), "shares": shares}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=5000)
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=6)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args()
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, "-m", "tests.fakeagent", "--agents", str(args.agents),
+                               "--interval", str(args.interval)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        config = parse_config({
+            "controller": {"name": "bench", "interval_s": args.interval, "evaluation_window_s": 5.0,
+                           "listen": "127.0.0.1:9741"},
+            "consul": {"address": "http://127.0.0.1:1"},  # never contacted: the bench runs cycles only
+            "agents": {"static": [f"http://127.0.0.1:{port}/a/{i}" for i in range(args.agents)],
+                       "pull_timeout_s": 0.8},
+        })
+        controller = Controller(config)
+        result = asyncio.run(run(controller, args.cycles, args.warmup, args.interval))
+        t = psutil.Process(server.pid).cpu_times()
+        result.update({"agents": args.agents, "azs": 3, "cycles": args.cycles, "goal_cycle_s": 1.0,
+                       "agent_server_cpu_s_total": round(t.user + t.system, 1),
+                       "load_avg_1m": round(os.getloadavg()[0], 2)})
+        print(json.dumps(result, sort_keys=True))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Probe overhead under a fixed lab load.
+
+Runs `azprobe agent` (subprocess) on a lab with a fixed traffic mix, loads bpf/empty.bpf.c
+(an empty tcp:tcp_probe handler) in this process as the baseline, enables bpf_stats for
+the run (restored after), and measures over DURATION_S:
+  - ns_per_event per azprobe handler (run_time_ns / run_cnt deltas, from the agent's
+    /metrics, which reads its own /proc/self/fdinfo) and empty_ns_per_event (ours);
+  - events_per_s: runs of all azprobe handlers per second;
+  - agent_cpu_pct (of one core) and agent_rss_mb of the agent process.
+Goals: tcp_probe <= 2x empty; agent <= 2 % of a core. Prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bpf  # noqa: E402
+from agent.probe import check_prerequisites, compile_program, program_stats  # noqa: E402
+from azprobe.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
+
+DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
+WARMUP_S = 3.0
+LOAD = TrafficSpec(rate=20.0, conns=4, interval_ms=10.0)  # per (client, target): the fixed load
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+METRIC = re.compile(r'^azprobe_bpf_run_(time_ns|count)_total\{prog="([a-z_]+)"\} ([0-9.e+]+)$')
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent_stats(url: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for line in urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode().splitlines():
+        m = METRIC.match(line)
+        if m:
+            slot = 0 if m.group(1) == "time_ns" else 1
+            out.setdefault(m.group(2), [0, 0])[slot] = int(float(m.group(3)))
+    return out
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: agent exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("bench: agent did not become healthy")
+
+
+def main() -> None:
+    check_prerequisites()
+    old_stats = BPF_STATS.read_text().strip()
+    BPF_STATS.write_text("1")
+    agent = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp, \
+                Lab.up(LabSpec(name=unique_lab_name("bn"), state_dir=Path(tmp), traffic=LOAD)) as lab:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            agent = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config",
+                                      str(lab.agent_config_path), "--listen", f"127.0.0.1:{port}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            wait_healthy(url, agent)
+            empty = compile_program(bpf.EMPTY_PROGRAM)
+            proc = psutil.Process(agent.pid)
+            time.sleep(WARMUP_S)  # a benchmark's fixed warm-up, not synchronisation
+
+            t0, cpu0 = time.monotonic(), sum(proc.cpu_times()[:2])
+            a0, e0 = agent_stats(url), program_stats(empty)["tcp_probe"]
+            time.sleep(DURATION_S)  # the measurement interval
+            t1, cpu1 = time.monotonic(), sum(proc.cpu_times()[:2])
+            a1, e1 = agent_stats(url), program_stats(empty)["tcp_probe"]
+            rss_mb = proc.memory_info().rss / 2**20
+            traffic = lab.traffic_stats()
+
+        seconds = t1 - t0
+        per_prog = {}
+        events = 0
+        for prog, (ns1, n1) in sorted(a1.items()):
+            ns0, n0 = a0.get(prog, [0, 0])
+            runs = n1 - n0
+            events += runs
+            per_prog[prog] = {"ns_per_event": round((ns1 - ns0) / runs, 1) if runs else None,
+                              "events_per_s": round(runs / seconds, 1)}
+        empty_runs = e1[1] - e0[1]
+        empty_ns = (e1[0] - e0[0]) / empty_runs if empty_runs else None
+        probe_ns = per_prog.get("tcp_probe", {}).get("ns_per_event")
+        result = {
+            "bench": "probe_overhead",
+            "duration_s": round(seconds, 2),
+            "load": {"rate_per_target": LOAD.rate, "long_lived_per_target": LOAD.conns,
+                     "request_interval_ms": LOAD.interval_ms, "clients": len(traffic)},
+            "ns_per_event": {p: v["ns_per_event"] for p, v in per_prog.items()},
+            "events_per_s_by_prog": {p: v["events_per_s"] for p, v in per_prog.items()},
+            "empty_ns_per_event": round(empty_ns, 1) if empty_ns else None,
+            "tcp_probe_vs_empty": round(probe_ns / empty_ns, 2) if probe_ns and empty_ns else None,
+            "events_per_s": round(events / seconds, 1),
+            "agent_cpu_pct": round(100.0 * (cpu1 - cpu0) / seconds, 2),
+            "agent_rss_mb": round(rss_mb, 1),
+        }
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+        BPF_STATS.write_text(old_stats)
+    log(f"goals: tcp_probe <= 2x empty ({result['tcp_probe_vs_empty']}x), "
+        f"agent <= 2 % of a core ({result['agent_cpu_pct']} %)")
+    print(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()

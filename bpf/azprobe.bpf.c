@@ -1,0 +1,288 @@
+/* azprobe: per-path (source AZ -> destination AZ) TCP health from tracepoints only.
+ *
+ * Only tracepoint context fields are read (BCC builds the `args` structs from tracefs):
+ * the installed kernel headers belong to another kernel, so struct sock offsets from
+ * them would be wrong. Maps are per-CPU and cumulative; the agent sums CPUs and takes
+ * deltas each interval.
+ */
+#include "azprobe.h"
+
+BPF_LPM_TRIE(az_trie, struct azp_lpm_key, u32, AZP_MAX_PREFIXES);
+BPF_ARRAY(agent_config, struct azp_config, 1);
+BPF_PERCPU_HASH(path_counters, u32, struct azp_path_counters, AZP_MAX_PATHS);
+BPF_PERCPU_HASH(hists, struct azp_hist_key, u64, AZP_MAX_HIST_ENTRIES);
+/* LRU: a socket we never see closing (program loaded mid-connect) cannot leak a slot. */
+BPF_TABLE("lru_hash", u64, struct azp_connect_start, connecting, AZP_MAX_TRACKED_SOCKS);
+BPF_TABLE("lru_hash", u64, u8, in_loss, AZP_MAX_TRACKED_SOCKS);
+/* Flows this node opened (SYN_SENT -> ESTABLISHED) toward an AZ of the topology:
+ * (local address, remote address, remote port) -> path. tcp_probe, the hot handler (every
+ * received segment), only looks here with one inlined array lookup (no hash map, no LPM).
+ * So the RTT of a path is that of connections this node opens *to* the destination AZ;
+ * sockets accepted from clients (their remote port is ephemeral) do not match. The
+ * mapping only depends on the topology, so entries need no expiry; the agent empties the
+ * array when it reloads the topology. */
+BPF_ARRAY(flow_cache, struct azp_flow_slot, AZP_FLOW_CACHE_SLOTS);
+BPF_PERCPU_ARRAY(rtt_rows, struct azp_rtt_row, AZP_MAX_PATHS);
+BPF_PERF_OUTPUT(events);
+
+/* Copied out of the context first: the verifier rejects loads through a ctx pointer an
+ * inlined helper has offset. */
+struct addr_pair {
+    u8 saddr[16];
+    u8 daddr[16];
+};
+
+#define COPY_ADDRS(pair, args)                                         \
+    do {                                                               \
+        __builtin_memcpy((pair).saddr, (args)->saddr_v6, 16);          \
+        __builtin_memcpy((pair).daddr, (args)->daddr_v6, 16);          \
+        /* keep clang from forwarding the ctx loads past the copy */   \
+        asm volatile("" ::: "memory");                                 \
+    } while (0)
+
+static __always_inline u32 own_az(void)
+{
+    u32 zero = 0;
+    struct azp_config *cfg = agent_config.lookup(&zero);
+    return cfg ? cfg->own_az : AZP_AZ_OTHER;
+}
+
+static __always_inline u32 *az_lookup(const u8 *addr16)
+{
+    struct azp_lpm_key key = {.prefixlen = 128};
+    __builtin_memcpy(key.addr, addr16, 16);
+    return az_trie.lookup(&key);
+}
+
+/* Unknown source -> this agent's AZ; unknown destination -> "other". */
+static __always_inline u32 path_of(const struct addr_pair *a)
+{
+    u32 *src = az_lookup(a->saddr);
+    u32 *dst = az_lookup(a->daddr);
+    u32 src_id = src ? *src : own_az();
+    u32 dst_id = dst ? *dst : AZP_AZ_OTHER;
+    return src_id * AZP_MAX_AZ + dst_id;
+}
+
+static __always_inline struct azp_path_counters *counters(u32 path)
+{
+    struct azp_path_counters zero = {};
+    return path_counters.lookup_or_try_init(&path, &zero);
+}
+
+static __always_inline void hist_add(u32 path, u16 kind, u64 value)
+{
+    struct azp_hist_key key = {.path = path, .kind = kind, .bucket = azp_bucket_index(value)};
+    u64 zero = 0;
+    u64 *n = hists.lookup_or_try_init(&key, &zero);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+struct flow_id {
+    u64 saddr_hi, saddr_lo, daddr_hi, daddr_lo;
+    u16 dport;
+};
+
+static __always_inline u32 flow_slot(const struct flow_id *f)
+{
+    u64 h = f->saddr_lo ^ (f->daddr_lo * 31) ^ f->saddr_hi ^ (f->daddr_hi * 7) ^ f->dport;
+    /* Fibonacci hashing: the product's top bits mix every input bit. */
+    return (u32)((h * 0x9E3779B97F4A7C15ULL) >> (64 - AZP_FLOW_CACHE_BITS));
+}
+
+static __always_inline struct flow_id flow_of(const struct addr_pair *a, u16 dport)
+{
+    struct flow_id f = {.dport = dport};
+    __builtin_memcpy(&f.saddr_hi, &a->saddr[0], 8);
+    __builtin_memcpy(&f.saddr_lo, &a->saddr[8], 8);
+    __builtin_memcpy(&f.daddr_hi, &a->daddr[0], 8);
+    __builtin_memcpy(&f.daddr_lo, &a->daddr[8], 8);
+    return f;
+}
+
+/* Remember an opened flow's path (a colliding flow takes the slot over: the other then
+ * goes without RTT samples until it is seen connecting again, never with wrong ones). */
+static __always_inline void flow_cache_put(const struct flow_id *f, u32 path)
+{
+    u32 slot = flow_slot(f);
+    struct azp_flow_slot *e = flow_cache.lookup(&slot);
+    if (!e)
+        return;
+    if (e->valid && e->path == path && e->dport == f->dport && e->saddr_lo == f->saddr_lo &&
+        e->daddr_lo == f->daddr_lo && e->saddr_hi == f->saddr_hi && e->daddr_hi == f->daddr_hi)
+        return; /* the common case: keep the line clean for the other CPUs */
+    e->valid = 0;
+    asm volatile("" ::: "memory");
+    e->saddr_hi = f->saddr_hi;
+    e->saddr_lo = f->saddr_lo;
+    e->daddr_hi = f->daddr_hi;
+    e->daddr_lo = f->daddr_lo;
+    e->dport = f->dport;
+    e->path = path;
+    asm volatile("" ::: "memory"); /* the key and path before the flag that publishes them */
+    e->valid = 1;
+}
+
+static __always_inline void emit(void *ctx, u8 kind, u32 path, const struct addr_pair *a,
+                                 u16 sport, u16 dport, u16 family)
+{
+    struct azp_event ev = {};
+    ev.ts_ns = bpf_ktime_get_ns();
+    __builtin_memcpy(ev.saddr, a->saddr, 16);
+    __builtin_memcpy(ev.daddr, a->daddr, 16);
+    ev.sport = sport;
+    ev.dport = dport;
+    ev.family = family;
+    ev.kind = kind;
+    ev.path = path;
+    events.perf_submit(ctx, &ev, sizeof(ev));
+}
+
+/* Smoothed RTT per received segment on flows this node opened to an AZ. */
+TRACEPOINT_PROBE(tcp, tcp_probe)
+{
+    struct flow_id f = {.dport = args->dport};
+    /* saddr/daddr hold a sockaddr_in (address at 4) or sockaddr_in6 (address at 8). */
+    if (args->family == AZP_AF_INET) {
+        u32 s4, d4;
+        __builtin_memcpy(&s4, &args->saddr[4], 4);
+        __builtin_memcpy(&d4, &args->daddr[4], 4);
+        /* bytes 8..15 of ::ffff:a.b.c.d are 00 00 ff ff a b c d (read little-endian) */
+        f.saddr_lo = 0xffff0000ULL | ((u64)s4 << 32);
+        f.daddr_lo = 0xffff0000ULL | ((u64)d4 << 32);
+    } else if (args->family == AZP_AF_INET6) {
+        __builtin_memcpy(&f.saddr_hi, &args->saddr[8], 8);
+        __builtin_memcpy(&f.saddr_lo, &args->saddr[16], 8);
+        __builtin_memcpy(&f.daddr_hi, &args->daddr[8], 8);
+        __builtin_memcpy(&f.daddr_lo, &args->daddr[16], 8);
+    } else {
+        return 0;
+    }
+    u32 slot = flow_slot(&f);
+    struct azp_flow_slot *e = flow_cache.lookup(&slot);
+    if (!e || !e->valid || e->dport != f.dport || e->daddr_lo != f.daddr_lo || e->saddr_lo != f.saddr_lo ||
+        e->daddr_hi != f.daddr_hi || e->saddr_hi != f.saddr_hi)
+        return 0;
+    u32 path = e->path;
+    struct azp_rtt_row *row = rtt_rows.lookup(&path);
+    if (row) /* per-CPU, and tcp_probe never nests on one CPU: no atomic needed */
+        row->buckets[azp_bucket_index(args->srtt) & (AZP_NUM_BUCKETS - 1)] += 1;
+    return 0;
+}
+
+/* Connect attempts, outcomes and latency from the socket state machine. */
+TRACEPOINT_PROBE(sock, inet_sock_set_state)
+{
+    if (args->protocol != AZP_IPPROTO_TCP)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    int newstate = args->newstate;
+    int oldstate = args->oldstate;
+    struct addr_pair addrs;
+    COPY_ADDRS(addrs, args);
+
+    if (newstate == AZP_TCP_SYN_SENT) {
+        u32 path = path_of(&addrs);
+        struct azp_connect_start start = {.ts_ns = bpf_ktime_get_ns(), .path = path};
+        connecting.update(&sk, &start);
+        struct azp_path_counters *c = counters(path);
+        if (c)
+            __sync_fetch_and_add(&c->conn_attempts, 1);
+        return 0;
+    }
+    if (oldstate == AZP_TCP_SYN_SENT) {
+        struct azp_connect_start *found = connecting.lookup(&sk);
+        if (found) {
+            struct azp_connect_start start = *found;
+            connecting.delete(&sk);
+            struct azp_path_counters *c = counters(start.path);
+            if (newstate == AZP_TCP_ESTABLISHED) {
+                /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
+                in_loss.delete(&sk);
+                if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
+                    struct flow_id f = flow_of(&addrs, args->dport);
+                    flow_cache_put(&f, start.path);
+                }
+                if (c)
+                    __sync_fetch_and_add(&c->conn_ok, 1);
+                hist_add(start.path, AZP_HIST_CONNECT, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
+            } else if (newstate == AZP_TCP_CLOSE) {
+                u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
+                if (c) {
+                    if (start.got_reset)
+                        __sync_fetch_and_add(&c->conn_refused, 1);
+                    else
+                        __sync_fetch_and_add(&c->conn_timeout, 1);
+                }
+                emit(args, kind, start.path, &addrs, args->sport,
+                     args->dport, args->family);
+            }
+        }
+    }
+    if (newstate == AZP_TCP_CLOSE)
+        in_loss.delete(&sk);
+    return 0;
+}
+
+/* An RST while in SYN_SENT makes the coming SYN_SENT -> CLOSE a refusal. */
+TRACEPOINT_PROBE(tcp, tcp_receive_reset)
+{
+    u64 sk = (u64)args->skaddr;
+    struct azp_connect_start *start = connecting.lookup(&sk);
+    if (start)
+        start->got_reset = 1;
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
+{
+#ifdef AZP_HAVE_RETRANSMIT_ERR
+    /* A retransmit the stack failed to send never reached the wire. */
+    if (args->err != 0)
+        return 0;
+#endif
+    struct addr_pair addrs;
+    COPY_ADDRS(addrs, args);
+    u32 path = path_of(&addrs);
+    struct azp_path_counters *c = counters(path);
+    if (!c)
+        return 0;
+    __sync_fetch_and_add(&c->retrans, 1);
+    if (args->state == AZP_TCP_SYN_SENT) {
+        __sync_fetch_and_add(&c->syn_retrans, 1);
+        emit(args, AZP_EV_SYN_RETRANS, path, &addrs, args->sport,
+             args->dport, args->family);
+    }
+    return 0;
+}
+
+/* RTO events: entries into TCP_CA_Loss, once per entry (the kernel re-sets Loss on every
+ * further timeout). The tracepoint has no TCP state, so "in SYN_SENT" means "has a
+ * pending connect": those are SYN timeouts, kept apart from data RTOs. */
+TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
+{
+    u64 sk = (u64)args->skaddr;
+    if (args->cong_state != AZP_TCP_CA_LOSS) {
+        in_loss.delete(&sk);
+        return 0;
+    }
+    if (in_loss.lookup(&sk))
+        return 0;
+    u8 one = 1;
+    in_loss.update(&sk, &one);
+    struct addr_pair addrs;
+    COPY_ADDRS(addrs, args);
+    u32 path = path_of(&addrs);
+    struct azp_path_counters *c = counters(path);
+    u8 kind = connecting.lookup(&sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
+    if (c) {
+        if (kind == AZP_EV_SYN_RTO)
+            __sync_fetch_and_add(&c->syn_rto, 1);
+        else
+            __sync_fetch_and_add(&c->rto, 1);
+    }
+    emit(args, kind, path, &addrs, args->sport, args->dport,
+         args->family);
+    return 0;
+}

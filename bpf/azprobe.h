@@ -1,0 +1,158 @@
+/* Record layouts and constants shared by bpf/azprobe.bpf.c and the Python agent.
+ *
+ * The agent reads the `#define AZP_*` integer constants from this file (agent/layout.py),
+ * so a constant changes in one place only. Map keys and values reach Python through
+ * BCC, which builds ctypes from these structs. Keep every struct 8-byte aligned: BCC's
+ * per-CPU readers require it.
+ */
+#ifndef AZPROBE_H
+#define AZPROBE_H
+
+/* AZ ids: 0 is "other" (destination outside the topology); 1..AZP_MAX_AZ-1 are AZs.
+ * Small on purpose: the RTT histogram is a dense per-CPU array of paths x buckets. */
+#define AZP_MAX_AZ 16
+#define AZP_AZ_OTHER 0
+#define AZP_MAX_PREFIXES 4096      /* LPM trie entries (CIDRs over all AZs) */
+#define AZP_MAX_PATHS 256          /* AZP_MAX_AZ * AZP_MAX_AZ */
+#define AZP_MAX_HIST_ENTRIES 32768 /* sparse (path, kind, bucket) -> count */
+#define AZP_MAX_TRACKED_SOCKS 65536
+/* Flows this node opened (local address, remote address, remote port), found by
+ * tcp_probe without a hash-map lookup: a direct-mapped array. Few distinct endpoints
+ * keep its lines hot in cache, unlike any per-socket table; and at 512 x 40 bytes the
+ * kernel allocates it with kmalloc (<= 32 KB), not vmalloc: measured ~50 ns cheaper
+ * per event here (fewer TLB misses). */
+#define AZP_FLOW_CACHE_BITS 9
+#define AZP_FLOW_CACHE_SLOTS 512 /* 1 << AZP_FLOW_CACHE_BITS */
+
+/* loglin-16, exactly azprobe/sketch.py: < 16 exact; then 16 linear sub-buckets per octave. */
+#define AZP_SUB_BUCKET_BITS 4
+#define AZP_MAX_VALUE_BITS 34
+#define AZP_NUM_BUCKETS 512
+
+/* Histogram kinds (hist_key.kind). */
+#define AZP_HIST_RTT 1
+#define AZP_HIST_CONNECT 2
+
+/* Event kinds on the perf buffer (azp_event.kind). */
+#define AZP_EV_SYN_RETRANS 1
+#define AZP_EV_RTO 2          /* data RTO: entry into TCP_CA_Loss outside SYN_SENT */
+#define AZP_EV_SYN_RTO 3      /* SYN timeout: entry into TCP_CA_Loss in SYN_SENT */
+#define AZP_EV_CONN_REFUSED 4 /* SYN_SENT -> CLOSE after an RST */
+#define AZP_EV_CONN_TIMEOUT 5 /* SYN_SENT -> CLOSE without an RST */
+
+/* Kernel values the program compares tracepoint fields with (stable UAPI/ABI). */
+#define AZP_TCP_ESTABLISHED 1
+#define AZP_TCP_SYN_SENT 2
+#define AZP_TCP_CLOSE 7
+#define AZP_TCP_CA_LOSS 4
+#define AZP_IPPROTO_TCP 6
+#define AZP_AF_INET 2
+#define AZP_AF_INET6 10
+
+/* One LPM key serves IPv4 and IPv6: IPv4 is stored as ::ffff:a.b.c.d (prefix + 96). */
+struct azp_lpm_key {
+    u32 prefixlen;
+    u8 addr[16];
+};
+
+/* Per-agent settings the program reads: the agent's own AZ for unknown sources. */
+struct azp_config {
+    u32 own_az;
+    u32 pad;
+};
+
+/* Per-CPU cumulative counters per path; key = src_az * AZP_MAX_AZ + dst_az. */
+struct azp_path_counters {
+    u64 conn_attempts;
+    u64 conn_ok;
+    u64 conn_refused;
+    u64 conn_timeout;
+    u64 syn_retrans;
+    u64 retrans;
+    u64 rto;       /* data RTOs: entries into Loss outside SYN_SENT */
+    u64 syn_rto;   /* SYN timeouts: entries into Loss while SYN_SENT */
+};
+
+/* One slot of the flow cache. Addresses as two u64 halves of the 16-byte (IPv4:
+ * ::ffff:a.b.c.d) form; valid == 0 is an empty slot. */
+struct azp_flow_slot {
+    u64 saddr_hi;
+    u64 saddr_lo;
+    u64 daddr_hi;
+    u64 daddr_lo;
+    u16 dport;
+    u16 valid;
+    u32 path;
+};
+
+/* One path's RTT histogram: a per-CPU array element per path, so the hot handler
+ * touches one contiguous row (one page) per path. */
+struct azp_rtt_row {
+    u64 buckets[AZP_NUM_BUCKETS];
+};
+
+/* Sparse histograms (connect latency): key -> count. */
+struct azp_hist_key {
+    u32 path;
+    u16 kind;
+    u16 bucket;
+};
+
+/* A socket between SYN_SENT and ESTABLISHED/CLOSE. */
+struct azp_connect_start {
+    u64 ts_ns;
+    u32 path;
+    u32 got_reset;
+};
+
+struct azp_event {
+    u64 ts_ns;
+    u8 saddr[16]; /* IPv4 as ::ffff:a.b.c.d */
+    u8 daddr[16];
+    u16 sport;
+    u16 dport;
+    u16 family;
+    u8 kind;
+    u8 pad;
+    u32 path;
+    u32 pad2;
+};
+
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+
+/* floor(log2(v)) for v > 0, branchless as in libbpf-tools' bits.bpf.h. */
+static __always_inline u64 azp_log2_32(u32 v)
+{
+    u32 shift, r;
+    r = (v > 0xFFFF) << 4; v >>= r;
+    shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+    shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+    shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+    r |= (v >> 1);
+    return r;
+}
+
+static __always_inline u64 azp_log2_64(u64 v)
+{
+    u32 hi = v >> 32;
+    if (hi)
+        return azp_log2_32(hi) + 32;
+    return azp_log2_32((u32)v);
+}
+
+/* The bucket index of sketch.bucket_index(v). */
+static __always_inline u32 azp_bucket_index(u64 v)
+{
+    const u64 max_value = (1ULL << AZP_MAX_VALUE_BITS) - 1;
+    if (v > max_value)
+        v = max_value;
+    if (v < (1 << AZP_SUB_BUCKET_BITS))
+        return (u32)v;
+    u64 octave = azp_log2_64(v);
+    u64 sub = (v >> (octave - AZP_SUB_BUCKET_BITS)) & ((1 << AZP_SUB_BUCKET_BITS) - 1);
+    return (u32)((octave - AZP_SUB_BUCKET_BITS + 1) * (1 << AZP_SUB_BUCKET_BITS) + sub);
+}
+
+#endif /* AZPROBE_H */

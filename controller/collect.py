@@ -1,0 +1,442 @@
+"""Pull windows from every agent, once per cycle, without double counting anything.
+
+Each agent serves `GET <base>/v1/windows?after=SEQ` (CONTRACTS.md). Per agent we keep a
+cursor (boot_id, last seq): a new boot_id means the agent restarted, so its old cursor
+means nothing and we re-read the new boot from seq 0; a jump past last seq + 1 means the
+agent's ring dropped windows we never saw (a gap: counted, and we take what is there);
+a seq we already hold is a duplicate and ignored; a window that fails parse_window is
+garbage: counted and ignored. Pulls run concurrently with a per-request timeout and a
+cycle budget, so a slow or dead agent costs one timeout, never the cycle.
+
+The store keeps the windows of the evaluation window, keyed (agent, boot_id, seq), and
+stamps each with the controller's clock *shifted by the window's age on the agent's own
+clock*: agent clocks may be skewed, and a backlog a new leader reads from a ring must not
+count as fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import heapq
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from azprobe.window import PathStats, Utilisation, Window, WindowError, parse_window
+from controller.agent_http import AgentHttpClient, Endpoint
+
+log = logging.getLogger(__name__)
+
+
+def _raw_int(doc: object, key: str) -> int | None:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53 else None
+
+
+def _raw_number(doc: object, key: str) -> float | None:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+class AgentState(str, enum.Enum):
+    UP = "up"  # answered the last pull, and sent a new window recently
+    STALE = "stale"  # answers, but has sent no new window for stale_after_s
+    FAILING = "failing"  # the last pull failed: timeout, refused, HTTP error, bad JSON
+
+
+@dataclass(frozen=True)
+class AgentTarget:
+    """One agent to pull; `url` is its base URL (…/v1/windows is appended)."""
+
+    url: str
+    az: str | None = None  # the AZ the catalog says it is in (informational)
+    node: str | None = None
+
+
+@dataclass
+class AgentCursor:
+    target: AgentTarget
+    boot_id: str | None = None
+    last_seq: int = 0
+    node: str | None = None
+    az: str | None = None
+    last_ok: float | None = None  # controller clock of the last successful pull
+    last_new_window: float | None = None  # ... of the last pull that brought a new window
+    newest_end: float | None = None  # agent clock: `end` of the newest window seen
+    failures: int = 0  # consecutive failed pulls
+    last_error: str = ""
+
+    def state(self, now: float, stale_after_s: float) -> AgentState:
+        if self.failures or self.last_ok is None:
+            return AgentState.FAILING
+        if self.last_new_window is None or now - self.last_new_window > stale_after_s:
+            return AgentState.STALE
+        return AgentState.UP
+
+
+@dataclass
+class CollectCounters:
+    """Monotonic totals since start; metrics export them as counters."""
+
+    windows_ingested: int = 0
+    windows_garbage: int = 0
+    windows_duplicate: int = 0
+    windows_too_old: int = 0  # backlog older than the evaluation window: cursor moves on
+    gap_windows: int = 0  # windows an agent's ring dropped before we could read them
+    gap_events: int = 0
+    agent_restarts: int = 0
+    pull_errors: int = 0
+    pull_timeouts: int = 0
+
+
+@dataclass(frozen=True)
+class StoredWindow:
+    window: Window
+    at: float  # controller clock, shifted by the window's age on the agent's clock
+    agent: str  # the target URL: the identity of the agent
+
+
+class _Slot:
+    """The windows that arrived in one time slot, pre-combined per agent AZ."""
+
+    __slots__ = ("paths", "utils", "start", "end")
+
+    def __init__(self) -> None:
+        self.paths: dict[str, dict[tuple[str, str], PathStats]] = {}  # agent AZ -> path -> sums
+        self.utils: dict[str, dict[str, list[float]]] = {}  # agent AZ -> node -> [cpu sum, mem sum, n]
+        self.start = math.inf
+        self.end = -math.inf
+
+    def add(self, window: Window) -> None:
+        paths = self.paths.setdefault(window.az, {})
+        for p in window.paths:
+            key = (p.src, p.dst)
+            total = paths.get(key)
+            if total is None:
+                total = paths[key] = PathStats(src=p.src, dst=p.dst)
+            total.merge(p)
+        node = self.utils.setdefault(window.az, {}).setdefault(window.node, [0.0, 0.0, 0])
+        node[0] += window.util.cpu
+        node[1] += window.util.mem
+        node[2] += 1
+        self.start = min(self.start, window.start)
+        self.end = max(self.end, window.end)
+
+    def windows(self, index: int) -> list[Window]:
+        """One synthetic window per agent AZ. Counters and histograms are exact sums; util
+        is the mean over the slot's nodes of each node's mean (what merge computes per
+        node), so merging slots averages per slot rather than per node: equal when every
+        node reports once per slot, as agents do."""
+        out = []
+        for az, paths in self.paths.items():
+            nodes = self.utils[az].values()
+            cpu = sum(n[0] / n[2] for n in nodes) / len(nodes)
+            mem = sum(n[1] / n[2] for n in nodes) / len(nodes)
+            out.append(Window(node=f"{az}/slot-{index}", az=az, boot_id="merged", seq=index, start=self.start,
+                              end=self.end, util=Utilisation(min(cpu, 1.0), min(mem, 1.0)),
+                              paths=list(paths.values())))
+        return out
+
+
+class WindowStore:
+    """Windows of the last `horizon_s` seconds; a key is stored once, ever within the horizon.
+
+    A heap ordered by `at`: arrivals are only roughly ordered (each agent's backlog is
+    back-dated by its own age), and pruning must stay O(log n) per window at 25,000+.
+
+    Each window is also added once to the slot of its `at` (slot_s wide), and
+    merge_input() hands the merge one pre-combined window per (slot, AZ): at 5,000 agents
+    the merge then reads ~15 windows a cycle instead of 25,000, while every counter and
+    histogram still sums exactly. A slot leaves when its newest second leaves the horizon,
+    so the merge sees at most one slot more than the evaluation window.
+    """
+
+    def __init__(self, horizon_s: float, slot_s: float | None = None) -> None:
+        self.horizon_s = horizon_s
+        self.slot_s = slot_s if slot_s else max(horizon_s / 5, 0.01)
+        self._heap: list[tuple[float, int, StoredWindow]] = []
+        self._keys: set[tuple[str, str, int]] = set()
+        self._slots: dict[int, _Slot] = {}
+        self._tiebreak = 0
+        self.newest_at: float | None = None
+
+    def add(self, agent: str, window: Window, at: float) -> bool:
+        key = (agent, window.boot_id, window.seq)
+        if key in self._keys:
+            return False
+        self._keys.add(key)
+        self._tiebreak += 1
+        heapq.heappush(self._heap, (at, self._tiebreak, StoredWindow(window, at, agent)))
+        index = math.floor(at / self.slot_s)
+        slot = self._slots.get(index)
+        if slot is None:
+            slot = self._slots[index] = _Slot()
+        slot.add(window)
+        if self.newest_at is None or at > self.newest_at:
+            self.newest_at = at
+        return True
+
+    def prune(self, now: float) -> None:
+        cutoff = now - self.horizon_s
+        while self._heap and self._heap[0][0] < cutoff:
+            old = heapq.heappop(self._heap)[2]
+            self._keys.discard((old.agent, old.window.boot_id, old.window.seq))
+        for index in [i for i in self._slots if (i + 1) * self.slot_s < cutoff]:
+            del self._slots[index]
+
+    def windows(self) -> list[Window]:
+        return [entry[2].window for entry in self._heap]
+
+    def merge_input(self) -> list[Window]:
+        """The evaluation window, pre-combined per (slot, AZ): what the merge reads."""
+        return [w for index in sorted(self._slots) for w in self._slots[index].windows(index)]
+
+    def items(self) -> list[StoredWindow]:
+        return [entry[2] for entry in sorted(self._heap)]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+@dataclass
+class PullResult:
+    """What one cycle's pull did; the totals live in Collector.counters."""
+
+    duration_s: float = 0.0
+    ingested: int = 0
+    failed: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+
+
+class Collector:
+    """Owns the agents' cursors and the window store. One instance per controller."""
+
+    def __init__(
+        self,
+        *,
+        evaluation_window_s: float,
+        pull_timeout_s: float,
+        stale_after_s: float,
+        cycle_budget_s: float | None = None,
+        concurrency: int = 128,
+        slot_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pull_timeout_s = pull_timeout_s
+        self.stale_after_s = stale_after_s
+        # However many agents time out, the pull phase ends by this budget.
+        self.cycle_budget_s = cycle_budget_s if cycle_budget_s is not None else max(pull_timeout_s * 2, 1.0)
+        self.concurrency = concurrency
+        self.clock = clock
+        self.store = WindowStore(evaluation_window_s, slot_s)
+        self.cursors: dict[str, AgentCursor] = {}
+        self.counters = CollectCounters()
+        self._new: list[Window] = []  # stored since the last take_new(): the detector's input
+        self._http = AgentHttpClient(max_idle_per_host=concurrency)
+        self._endpoints: dict[str, Endpoint] = {}
+
+    # --- targets -------------------------------------------------------------------
+    def set_targets(self, targets: Iterable[AgentTarget]) -> None:
+        """Replace the agent list (static or from discovery); known agents keep their cursors."""
+        wanted = {t.url: t for t in targets}
+        for url in list(self.cursors):
+            if url not in wanted:
+                del self.cursors[url]
+        for url, target in wanted.items():
+            cursor = self.cursors.get(url)
+            if cursor is None:
+                self.cursors[url] = AgentCursor(target)
+            else:
+                cursor.target = target
+
+    def agent_states(self, now: float | None = None) -> dict[AgentState, int]:
+        now = self.clock() if now is None else now
+        out = {s: 0 for s in AgentState}
+        for cursor in self.cursors.values():
+            out[cursor.state(now, self.stale_after_s)] += 1
+        return out
+
+    # --- ingest (pure given a response body; unit-tested without HTTP) ---------------
+    def needs_repull(self, cursor: AgentCursor, body: Mapping) -> bool:
+        """A new boot_id answering `after=N>0` may have hidden seqs 1..N of the new boot."""
+        boot_id = body.get("boot_id")
+        return cursor.boot_id is not None and boot_id != cursor.boot_id and cursor.last_seq > 0
+
+    def ingest(self, cursor: AgentCursor, body: object, now: float) -> int:
+        """Apply one /v1/windows response to the cursor and the store; returns windows stored."""
+        if not isinstance(body, dict) or not isinstance(body.get("windows"), list) \
+                or not isinstance(body.get("boot_id"), str) or not body.get("boot_id"):
+            raise ValueError("response is not {node, az, boot_id, windows: [...]}")
+        boot_id: str = body["boot_id"]
+        if cursor.boot_id is not None and boot_id != cursor.boot_id:
+            # The agent restarted: the old boot's windows stay where they are (already
+            # counted once); the new boot starts a fresh cursor.
+            self.counters.agent_restarts += 1
+            log.info("agent %s restarted (boot %s -> %s)", cursor.target.url, cursor.boot_id, boot_id)
+            cursor.last_seq = 0
+            cursor.newest_end = None
+        cursor.boot_id = boot_id
+        cursor.node = body.get("node") if isinstance(body.get("node"), str) else cursor.node
+        cursor.az = body.get("az") if isinstance(body.get("az"), str) else cursor.az
+
+        # Cheap pre-filters on the raw documents, before the (costly) full validation:
+        # a seq we already read is a duplicate, and a backlog window older than the
+        # evaluation window (by the agent's own clock) will not be stored anyway.
+        candidates: list[object] = []
+        skipped_seqs: set[int] = set()  # read but not stored (garbage, too old): not gaps
+        for raw in body["windows"]:
+            seq = _raw_int(raw, "seq")
+            if seq is not None and seq <= cursor.last_seq:
+                self.counters.windows_duplicate += 1
+                continue
+            candidates.append(raw)
+        ends = [e for e in (_raw_number(raw, "end") for raw in candidates) if e is not None]
+        newest_end = max(ends + ([cursor.newest_end] if cursor.newest_end is not None else []), default=None)
+
+        fresh: list[Window] = []
+        for raw in candidates:
+            end = _raw_number(raw, "end")
+            seq = _raw_int(raw, "seq")
+            if end is not None and newest_end is not None and newest_end - end > self.store.horizon_s \
+                    and seq is not None:
+                self.counters.windows_too_old += 1
+                skipped_seqs.add(seq)
+                continue
+            try:
+                window = parse_window(raw)
+                if window.boot_id != boot_id:
+                    raise WindowError(f"boot_id: {window.boot_id!r} differs from the response's {boot_id!r}")
+            except WindowError as exc:
+                self.counters.windows_garbage += 1
+                log.debug("garbage window from %s: %s", cursor.target.url, exc)
+                # Step past it when its seq is readable, so it is not re-read every cycle.
+                if seq is not None:
+                    skipped_seqs.add(seq)
+                continue
+            fresh.append(window)
+        fresh.sort(key=lambda w: w.seq)
+        last_seq = max([cursor.last_seq, *skipped_seqs, *(w.seq for w in fresh)])
+
+        # A gap: the ring no longer holds seqs we never read. On first contact (or a new
+        # boot) we take what the ring has on purpose, so a first seq > 1 is not a gap.
+        read = sorted(skipped_seqs | {w.seq for w in fresh})
+        expected = cursor.last_seq + 1
+        for i, seq in enumerate(read):
+            if seq > expected and (i > 0 or cursor.last_seq > 0):
+                self.counters.gap_events += 1
+                self.counters.gap_windows += seq - expected
+            expected = seq + 1
+
+        stored = 0
+        for w in fresh:
+            age = max(0.0, (newest_end if newest_end is not None else w.end) - w.end)
+            if self.store.add(cursor.target.url, w, now - age):
+                self._new.append(w)
+                stored += 1
+        cursor.last_seq = last_seq
+        if newest_end is not None:
+            cursor.newest_end = newest_end
+        self.counters.windows_ingested += stored
+        if stored:
+            cursor.last_new_window = now
+        return stored
+
+    def take_new(self) -> list[Window]:
+        """Windows stored since the last call (each is returned exactly once)."""
+        new, self._new = self._new, []
+        return new
+
+    # --- HTTP -------------------------------------------------------------------------
+    def _endpoint(self, url: str) -> Endpoint:
+        ep = self._endpoints.get(url)
+        if ep is None:
+            ep = self._endpoints[url] = Endpoint.parse(url)
+        return ep
+
+    async def _fetch(self, url: str, after: int) -> object:
+        async with asyncio.timeout(self.pull_timeout_s):
+            status, raw = await self._http.get(self._endpoint(url), f"/v1/windows?after={int(after)}")
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        return json.loads(raw)
+
+    async def _pull_one(self, cursor: AgentCursor) -> int:
+        """Pull one agent; -1 when the pull failed (the cursor says why)."""
+        url = cursor.target.url
+        try:
+            body = await self._fetch(url, cursor.last_seq)
+            if isinstance(body, dict) and self.needs_repull(cursor, body):
+                body = await self._fetch(url, 0)
+            stored = self.ingest(cursor, body, self.clock())
+        except asyncio.CancelledError:
+            self._mark_failed(cursor, "pull cut by the cycle budget")
+            self.counters.pull_timeouts += 1
+            raise
+        except (asyncio.TimeoutError, TimeoutError):
+            self._mark_failed(cursor, f"timeout after {self.pull_timeout_s}s")
+            self.counters.pull_timeouts += 1
+            return -1
+        except (OSError, ValueError, TypeError, KeyError) as exc:  # refused, reset, HttpError, bad JSON
+            self._mark_failed(cursor, str(exc) or type(exc).__name__)
+            self.counters.pull_errors += 1
+            return -1
+        if cursor.failures:
+            log.info("agent %s answers again", url)
+        cursor.failures = 0
+        cursor.last_error = ""
+        cursor.last_ok = self.clock()
+        return stored
+
+    def _mark_failed(self, cursor: AgentCursor, error: str) -> None:
+        if not cursor.failures:
+            log.info("agent %s failing: %s", cursor.target.url, error)
+        cursor.failures += 1
+        cursor.last_error = error
+
+    async def pull_all(self) -> PullResult:
+        """Pull every agent once, `concurrency` at a time; returns by the cycle budget
+        whatever happens (agents not reached by then count as failed this cycle)."""
+        started = self.clock()
+        result = PullResult()
+        cursors = list(self.cursors.values())
+        queue = iter(cursors)
+        reached: set[int] = set()
+
+        # A fixed pool of workers rather than a task per agent: at 5,000 agents the task
+        # churn alone costs a tenth of the cycle. Each request's timeout starts when it
+        # is sent, not while it waits for a worker.
+        async def worker() -> None:
+            for cursor in queue:
+                reached.add(id(cursor))
+                n = await self._pull_one(cursor)
+                if n < 0:
+                    result.failed += 1
+                else:
+                    result.ingested += n
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.concurrency, len(cursors)))]
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=self.cycle_budget_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+                result.failed += len(pending)  # the pulls in flight when the budget ran out
+                for cursor in cursors:
+                    if id(cursor) not in reached:
+                        self._mark_failed(cursor, "not reached within the cycle budget")
+                        result.failed += 1
+        now = self.clock()
+        self.store.prune(now)
+        result.states = {s.value: n for s, n in self.agent_states(now).items()}
+        result.duration_s = now - started
+        return result
+
+    async def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,159 @@
+"""The controller's TOML config (CONTRACTS.md "Controller config").
+
+Every table is read through azprobe.config.Section and closed with reject_unknown, so a
+typo is `azprobe: safety.stale_aftr_s: unknown key (...)` and exit 2, never a setting
+silently ignored. Two keys extend the contract's [controller] table, because leader
+election needs them and tests must shorten them: `session_ttl_s` (Consul's 10..86400)
+and `lock_delay_s` (Consul's default 15 s).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from azprobe.config import Section, load_toml, parse_host_port
+from azprobe.errors import ConfigError
+from controller.models import Model, load_model
+from controller.safety import SafetyConfig
+
+AGENT_SERVICE = "azprobe-agent"  # the Consul catalog service agents register as
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    name: str
+    interval_s: float = 1.0
+    evaluation_window_s: float = 5.0
+    listen: tuple[str, int] = ("127.0.0.1", 9741)
+    session_ttl_s: float = 10.0
+    lock_delay_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class AgentsSettings:
+    static: tuple[str, ...] = ()
+    discover: str = ""  # "" or "consul"
+    pull_timeout_s: float = 0.5
+    service: str = AGENT_SERVICE
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str = "default"
+    # [model.<name>] coefficient tables, passed as-is to the model layer, which owns
+    # their meaning (and rejects unknown coefficients itself).
+    coefficients: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    controller: ControllerSettings
+    consul: Any  # azprobe.consul.ConsulSettings
+    agents: AgentsSettings
+    model: ModelSettings
+    safety: SafetyConfig
+    heartbeat_s: float = 30.0  # [safety].heartbeat_s: write at least this often
+    path: str = ""
+
+
+def _agent_url(url: str, field_name: str) -> str:
+    # An agent is a base URL; the collector appends /v1/windows, so a URL with a path
+    # (http://host:port/a/17) addresses one of many agents served by one process.
+    if not url.startswith(("http://", "https://")) or len(url) < 10:
+        raise ConfigError(field_name, f"{url!r} is not an http(s) URL", "for example \"http://198.18.1.2:9740\"")
+    return url.rstrip("/")
+
+
+def parse_controller(section: Section) -> ControllerSettings:
+    settings = ControllerSettings(
+        name=section.string("name", socket.gethostname()) or socket.gethostname(),
+        interval_s=section.number("interval_s", 1.0, min=0.05, max=60.0),
+        evaluation_window_s=section.number("evaluation_window_s", 5.0, min=0.1, max=3600.0),
+        listen=parse_host_port(section.string("listen", "127.0.0.1:9741"), section.field("listen")),
+        session_ttl_s=section.number("session_ttl_s", 10.0, min=10.0, max=86400.0),
+        lock_delay_s=section.number("lock_delay_s", 15.0, min=0.0, max=60.0),
+    )
+    section.reject_unknown()
+    if settings.evaluation_window_s < settings.interval_s:
+        raise ConfigError(section.field("evaluation_window_s"),
+                          f"{settings.evaluation_window_s} is shorter than interval_s {settings.interval_s}",
+                          "the evaluation window must hold at least one interval")
+    return settings
+
+
+def parse_agents(section: Section) -> AgentsSettings:
+    static = tuple(_agent_url(u, section.field("static")) for u in section.string_list("static"))
+    discover = section.string("discover", "")
+    if discover not in ("", "consul"):
+        raise ConfigError(section.field("discover"), f"unknown discovery {discover!r}", "use \"consul\" or \"\"")
+    settings = AgentsSettings(
+        static=static,
+        discover=discover,
+        pull_timeout_s=section.number("pull_timeout_s", 0.5, min=0.01, max=30.0),
+        service=section.string("service", AGENT_SERVICE) or AGENT_SERVICE,
+    )
+    section.reject_unknown()
+    if not static and not discover:
+        raise ConfigError(section.field("static"), "no agents configured",
+                          "list agent URLs in agents.static or set agents.discover = \"consul\"")
+    return settings
+
+
+def parse_safety(section: Section) -> tuple[SafetyConfig, float]:
+    """[safety]: the safety rules' keys (controller.safety owns them) plus heartbeat_s."""
+    config = SafetyConfig.from_section(section, reject_unknown=False)
+    heartbeat_s = section.number("heartbeat_s", 30.0, min=0.1, max=86400.0)
+    section.reject_unknown()
+    return config, heartbeat_s
+
+
+def parse_model(section: Section) -> ModelSettings:
+    name = section.string("name", "default")
+    coefficients: dict[str, dict[str, Any]] = {}
+    for key, value in section.data.items():
+        if key == "name":
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(section.field(key), "unknown key", "coefficients go in a [model.<name>] table")
+        section.section(key)  # marks it known
+        coefficients[key] = dict(value)
+    section.reject_unknown()
+    if not name:
+        raise ConfigError(section.field("name"), "is empty", "use \"default\" or \"seed-v1\"")
+    settings = ModelSettings(name=name, coefficients=coefficients)
+    load_model_from(settings)  # a bad name or coefficient is a config error now, not at the first cycle
+    return settings
+
+
+def load_model_from(settings: ModelSettings) -> Model:
+    """The configured model with its [model.<name>] coefficients."""
+    return load_model(settings.name, Section(settings.coefficients.get(settings.name, {}), f"model.{settings.name}"))
+
+
+def _consul_settings(section: Section) -> Any:
+    from azprobe.consul import ConsulSettings  # consumers helper's module
+
+    return ConsulSettings.from_section(section)
+
+
+def parse_config(data: dict[str, Any], path: str = "") -> ControllerConfig:
+    root = Section(data, "")
+    safety, heartbeat_s = parse_safety(root.section("safety"))
+    config = ControllerConfig(
+        controller=parse_controller(root.section("controller")),
+        consul=_consul_settings(root.section("consul")),
+        agents=parse_agents(root.section("agents")),
+        model=parse_model(root.section("model")),
+        safety=safety,
+        heartbeat_s=heartbeat_s,
+        path=path,
+    )
+    root.reject_unknown()
+    return config
+
+
+def load_config(path: str | Path) -> ControllerConfig:
+    return parse_config(load_toml(path), str(path))

@@ -1,0 +1,338 @@
+"""`azprobe controller --config FILE`: windows in, fenced weights out.
+
+Two loops on one asyncio event loop:
+- the cycle (every interval_s): pull all agents -> merge the evaluation window ->
+  spike detector -> model + safety rules (one Policy and SafetyState per view: the
+  global view and each weights/from/<src AZ>) -> the views to publish. It runs on every
+  controller, leader or not, so a standby that takes over starts warm.
+- the Consul tick (every interval_s, in a worker thread because py-consul blocks):
+  keep the session, try the lock, read the operator controls, and - as leader - publish
+  the latest views in one fenced transaction. A slow or absent Consul delays only this
+  loop, never the pulls.
+
+Logging is one line per state change: became leader / stepped down, Consul lost /
+regained, a zone changing state (with its first reason). Never per cycle, never the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import click
+
+from azprobe import sdnotify
+from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key
+from controller.collect import AgentTarget, Collector, PullResult
+from controller.config import ControllerConfig, load_config, load_model_from
+from controller.controls import OperatorControls, parse_controls
+from controller.detector import DetectorResult, ZoneSpikeDetectors
+from controller.leader import LeaderElection
+from controller.merge import MergedView, failures_by_zone, merge_windows
+from controller.metrics import ControllerMetrics, bound_port, start_server
+from controller.policy import Policy
+from controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
+from controller.safety import Decision, SafetyState
+from azprobe.weights import ZoneWeights
+
+log = logging.getLogger("azprobe.controller")
+
+CONSUL_TIMEOUT_S = 2.0  # one Consul call never holds the Consul loop longer than this
+DISCOVERY_EVERY_S = 5.0
+
+
+@dataclass
+class CycleOutcome:
+    pull: PullResult
+    merged: MergedView
+    views: dict[str, WeightsView]
+    spikes: dict[str, DetectorResult]
+    duration_s: float
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        c = config.controller
+        self.collector = Collector(evaluation_window_s=c.evaluation_window_s,
+                                   pull_timeout_s=config.agents.pull_timeout_s,
+                                   stale_after_s=config.safety.stale_after_s,
+                                   cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
+                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5))
+        self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
+        self.policy = Policy(load_model_from(config.model), config.safety)
+        self.safety_states: dict[str, SafetyState] = {}
+        self.detectors = ZoneSpikeDetectors()
+        self.metrics = ControllerMetrics()
+        self.consul_settings: ConsulSettings = replace(config.consul, timeout_s=CONSUL_TIMEOUT_S)
+        self.client = make_client(self.consul_settings)
+        address = f"{c.listen[0]}:{c.listen[1]}"
+        self.election = LeaderElection(self.client, self.consul_settings, name=c.name, address=address,
+                                       ttl_s=c.session_ttl_s, lock_delay_s=c.lock_delay_s)
+        self.publisher = Publisher(self.client, self.consul_settings, leader_name=c.name,
+                                   model_name=config.model.name, heartbeat_s=config.heartbeat_s,
+                                   expiry_s=Publisher.expiry_for(heartbeat_s=config.heartbeat_s,
+                                                                 session_ttl_s=c.session_ttl_s,
+                                                                 lock_delay_s=c.lock_delay_s,
+                                                                 interval_s=c.interval_s))
+        self.metrics.add_totals({"azprobe_controller_collect": lambda: self.collector.counters,
+                                 "azprobe_controller_kv": lambda: self.publisher.counters})
+        self.operator = OperatorControls()
+        self.latest_views: dict[str, WeightsView] | None = None
+        self.consul_up: bool | None = None  # None: not known yet
+        self.term_started = False
+        self.zone_states: dict[str, str] = {}
+        self.overall_state: str | None = None
+        self._pending_targets: list[AgentTarget] | None = None
+        self._last_discovery = -1e9
+        self._logged_problems: tuple[str, ...] = ()
+        self._spiking: dict[str, bool] = {}
+        self.wall = time.time  # the decision clock (safety ages, detector buckets, control expiries)
+
+    # --- the cycle --------------------------------------------------------------------
+    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float) -> dict[str, WeightsView]:
+        """Model + safety for the global view and each source's view."""
+        spike_flags = {az: r.spike for az, r in spikes.items()}
+        controls = self.operator.controls
+        inputs: dict[str, Mapping] = {GLOBAL_VIEW: merged.zones}
+        for src, zones in merged.by_source.items():
+            inputs[src] = zones
+        for name in self.safety_states:  # a source that went silent keeps its view (held, then equal)
+            inputs.setdefault(name, {})
+        views: dict[str, WeightsView] = {}
+        for name, zones in inputs.items():
+            decision = self.policy.decide(zones, now=now, state=self.safety_states.get(name, SafetyState()),
+                                          controls=controls, spikes=spike_flags)
+            self.safety_states[name] = decision.safety_state
+            if not decision.publishable:
+                continue
+            if name == GLOBAL_VIEW:
+                self._log_state_changes(decision)
+            views[name] = WeightsView(state=decision.state, source_az=name or None,
+                                      zones={az: ZoneWeights(**z.to_json()) for az, z in decision.zones.items()})
+        return views
+
+    def _log_state_changes(self, decision: Decision) -> None:
+        if decision.state != self.overall_state:
+            why = decision.reasons[0] if decision.reasons else ""
+            log.info("overall state %s -> %s%s", self.overall_state or "none", decision.state,
+                        f": {why}" if why else "")
+            self.overall_state = decision.state
+        for az, zone in decision.zones.items():
+            before = self.zone_states.get(az)
+            if zone.state != before:
+                log.info("zone %s: %s -> %s (share %d): %s", az, before or "new", zone.state, zone.share,
+                            "; ".join(zone.reasons[-2:]))
+                self.zone_states[az] = zone.state
+
+    async def cycle(self) -> CycleOutcome:
+        started = time.monotonic()
+        if self._pending_targets is not None:
+            targets, self._pending_targets = self._pending_targets, None
+            self.collector.set_targets(targets)
+        pull = await self.collector.pull_all()
+        new_windows = self.collector.take_new()
+        windows = self.collector.store.merge_input()
+        # The store already holds just the evaluation window (by skew-corrected arrival
+        # time, pre-combined per slot and AZ), so merge's own wall-clock filter is widened
+        # to take it all.
+        newest = max((w.end for w in windows), default=0.0)
+        merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
+        now = self.wall()
+        spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
+        views = self.decide(merged, spikes, now)
+        if views.get(GLOBAL_VIEW) is not None:
+            self.latest_views = views
+        duration = time.monotonic() - started
+        self._observe(pull, spikes, duration)
+        return CycleOutcome(pull, merged, views, spikes, duration)
+
+    def _observe(self, pull: PullResult, spikes: Mapping[str, DetectorResult], duration: float) -> None:
+        m = self.metrics
+        m.cycle.observe(duration)
+        m.pull.observe(pull.duration_s)
+        for state, n in pull.states.items():
+            m.agents.labels(state).set(n)
+        m.observe_spikes(spikes)
+        for az, result in spikes.items():  # detector events: one line when a spike starts or ends
+            if result.spike != self._spiking.get(az, False):
+                log.info("zone %s: %s", az, result.reason if result.spike else f"spike over ({result.reason})")
+                self._spiking[az] = result.spike
+        m.leader.set(1.0 if self.election.is_leader else 0.0)
+
+    # --- Consul -----------------------------------------------------------------------
+    def _set_consul_up(self, up: bool, error: Exception | None = None) -> None:
+        if up != self.consul_up:
+            if up:
+                log.info("consul %s at %s", "regained" if self.consul_up is False else "reachable",
+                            self.consul_settings.address)
+            else:
+                log.info("consul lost: %s", error)
+            self.consul_up = up
+        self.metrics.consul_up.set(1.0 if up else 0.0)
+
+    def consul_tick(self) -> None:
+        """One round with Consul (blocking; runs in a worker thread)."""
+        try:
+            self._discover()
+            transition = self.election.tick()
+            if transition is not None and transition.became_leader:
+                self.term_started = False
+            self._read_controls()
+            if self.election.is_leader:
+                if not self.term_started:
+                    generation = self.publisher.start_term()
+                    self.term_started = True
+                    log.info("leader term starts above generation %d", generation)
+                views = self.latest_views
+                if views is not None and self.election.session_id is not None:
+                    doc = self.publisher.publish(self.election.session_id, views)
+                    if doc is not None:
+                        self.metrics.observe_doc(doc)
+                        self.metrics.generation.set(doc.generation)
+                        self.metrics.last_write.set(doc.generated_at)
+            self._set_consul_up(True)
+        except Fenced as exc:
+            self._set_consul_up(True)
+            self.election.step_down(f"write rejected by the fenced transaction (409: {exc.conflict})")
+            self.term_started = False
+        except ConsulError as exc:
+            self._set_consul_up(False, exc)
+            self.election.step_down("consul unavailable")
+            self.term_started = False
+        self.metrics.leader.set(1.0 if self.election.is_leader else 0.0)
+
+    def _read_controls(self) -> None:
+        prefix = self.consul_settings.key("control/")
+        state = read_key(self.client, prefix, recurse=True)
+        self.operator = parse_controls(state.entries or {}, prefix, self.wall())
+        if self.operator.problems != self._logged_problems:
+            for problem in self.operator.problems:
+                log.info("operator control %s", problem)
+            self._logged_problems = self.operator.problems
+
+    def _discover(self) -> None:
+        if self.config.agents.discover != "consul" or time.monotonic() - self._last_discovery < DISCOVERY_EVERY_S:
+            return
+        try:
+            _, entries = self.client.catalog.service(self.config.agents.service)
+        except Exception as exc:
+            from azprobe.consul import translate_error
+
+            raise translate_error(exc, self.consul_settings.address, "reading the agent catalog") from None
+        self._last_discovery = time.monotonic()
+        targets = [AgentTarget(url=agent_url(e), az=(e.get("NodeMeta") or {}).get("az"), node=e.get("Node"))
+                   for e in entries or [] if e.get("ServicePort")]
+        targets += [AgentTarget(url) for url in self.config.agents.static]
+        known = set(self.collector.cursors)
+        if {t.url for t in targets} != known:
+            log.info("agents: %d from the catalog (%d before)", len(targets), len(known))
+        self._pending_targets = targets
+
+    # --- run --------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        states = self.collector.agent_states()
+        return {"name": self.config.controller.name, "leader": self.election.is_leader,
+                "consul_up": bool(self.consul_up), "generation": self.publisher.generation,
+                "agents": {s.value: n for s, n in states.items()}}
+
+    def reload(self, path: str) -> None:
+        """SIGHUP: re-read the config; agents, model and safety rules apply at once.
+        Anything else (listen, Consul, names, timings) needs a restart, and is logged."""
+        try:
+            new = load_config(path)
+        except Exception as exc:  # a bad edit must not take the running controller down
+            log.error("reload failed, keeping the running config: %s", exc)
+            return
+        self.policy = Policy(load_model_from(new.model), new.safety)
+        if new.agents.discover != "consul":
+            self._pending_targets = [AgentTarget(url) for url in new.agents.static]
+        self._last_discovery = -1e9
+        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s) != (
+                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s):
+            log.warning("reload: changes to [controller], [consul], agents.discover or heartbeat_s need a restart")
+        self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety)
+        log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        c = self.config.controller
+        runner = await start_server(self.metrics, c.listen[0], c.listen[1], self.health)
+        log.info("controller %s serving /metrics on %s:%d, %d static agents", c.name, c.listen[0],
+                 bound_port(runner), len(self.config.agents.static))
+        # systemd Type=notify: READY once serving; WATCHDOG=1 only after a completed cycle.
+        notifier = sdnotify.LoopNotifier(lambda: " ".join(f"{k}={v}" for k, v in self.health().items()),
+                                         loop_interval_s=c.interval_s)
+        notifier.started()
+
+        async def cycle_then_ping() -> None:
+            await self.cycle()
+            notifier.tick()
+
+        try:
+            await asyncio.gather(self._every(stop, cycle_then_ping), self._every(stop, self._consul_round))
+        finally:
+            notifier.stopping()
+            await asyncio.to_thread(self.election.release)
+            await self.collector.close()
+            await runner.cleanup()
+
+    async def _consul_round(self) -> None:
+        await asyncio.to_thread(self.consul_tick)
+
+    async def _every(self, stop: asyncio.Event, step: Any) -> None:
+        interval = self.config.controller.interval_s
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                await step()
+            except Exception:  # a bug in one round must not kill the daemon
+                log.exception("controller round failed")
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # overran: start the next round now, do not try to catch up
+                next_at = time.monotonic()
+                delay = 0
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+
+
+def agent_url(entry: Mapping[str, Any]) -> str:
+    """Base URL of an agent from a catalog entry (ServiceAddress, else the node's Address)."""
+    host = entry.get("ServiceAddress") or entry.get("Address") or "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{int(entry['ServicePort'])}"
+
+
+async def _main(config: ControllerConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    controller = Controller(config)
+    # ExecReload sends SIGHUP, whose default action would end the daemon (cleanly, so
+    # Restart=on-failure would not even restart it): reload what can change live instead.
+    loop.add_signal_handler(signal.SIGHUP, controller.reload, config.path)
+    await controller.run(stop)
+
+
+@click.command("controller")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="Controller config (TOML), see systemd/controller.toml.")
+def controller_command(config_path: str) -> None:
+    """Run the controller: pull agents' windows, decide weights, write them to Consul KV."""
+    config = load_config(config_path)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # State changes are logged at INFO (one line each): show them without -v.
+    for name in ("azprobe.controller", "controller"):
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+    asyncio.run(_main(config))

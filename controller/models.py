@@ -1,0 +1,410 @@
+"""Weight models: per-AZ evidence (`ZoneStats`) in, health / weight / share in.
+
+A model turns each destination AZ's stats into a *health* H in [0, 1] and a *decay
+weight* ``exp(-2 * (1 - H))`` in [e^-2, 1] (the contract field ``weight``), plus a
+``share_raw`` the share computation normalises (``shares_from_weights``). Models are pure:
+same input, same output, no clock, no I/O.
+
+Two models ship:
+
+``seed-v1`` -- the source documents' formula, exactly::
+
+    H = 0.40*S + 0.35*Lnorm + 0.25*(1-U),  Lnorm = clip((800 - P95_ms) / 750, 0, 1)
+    weight = exp(-2 * (1 - H)),  share_raw = weight
+
+``default`` -- the same shape (weighted health, exponential decay), tuned to do what the
+documents' example table shows, which seed-v1 cannot (12 ms and 42 ms both give Lnorm=1,
+and a zone at +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight)::
+
+    F      = (1 - S) + syn_cost * syn_retrans_per_conn + rto_cost * rto_per_conn
+             # a SYN retransmit costs the caller a whole initial RTO (1 s); an RTO stalls a
+             # stream: both are *partial* failures even when the connection succeeds.
+    Fpen   = clip((F - failure_tolerance) / failure_scale, 0, 1)
+             # steep: 5 % effective failures is already the worst score; the tolerance
+             # (0.1 %) ignores the background of refused/odd connects of healthy zones.
+    excess = P95 - baseline,  baseline = the lowest P95 among the zones given
+    Lpen   = clip((excess - latency_tolerance_ms - latency_tolerance_frac*baseline)
+                  / latency_span_ms, 0, 1)
+             # latency judged against the healthy baseline, not an absolute 800 ms scale;
+             # a dead band (10 ms + 25 % of the baseline) keeps normal jitter at zero.
+    Upen   = clip((U - util_knee) / (1 - util_knee), 0, 1)
+             # utilisation only counts when a zone runs hot: 30 % vs 45 % CPU is not a
+             # reason to move traffic, 95 % is.
+    H      = 1 - (w_failure*Fpen + w_latency*Lpen + w_util*Upen)   (weights sum to 1)
+    weight = exp(-2 * (1 - H))                         in [e^-2, 1], as the contract says
+    share_raw = weight ** share_exponent               (default exponent 6)
+
+Why a separate share exponent: shares proportional to exp(-2(1-H)) can never go below
+an e^-2 (13.5 %) ratio to a healthy zone, so no decay weight alone can drain a zone to
+10 % of traffic among three. ``weight ** 6 = exp(-12 (1-H))`` keeps the decay shape and
+the contract range of ``weight`` while making the share mapping sharp enough: the
+documents' example (H difference ~0.14) gives 84/16, a +200 ms / 5 % loss zone gets ~0 %
+(floored at 1 %), while healthy jitter (H differences < 0.005) moves shares < 3 points.
+
+Every coefficient of the default model is a key of the ``[model.default]`` config table.
+Missing inputs (None, NaN) are neutral -- they never drain a zone: whether a zone has
+enough evidence at all is the safety rules' call (``ZoneStats.samples``), not the model's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+from azprobe.config import Section
+from azprobe.errors import ConfigError
+
+WEIGHT_MIN = math.exp(-2.0)  # the contract's floor for `weight`
+WEIGHT_MAX = 1.0
+DECAY_RATE = 2.0  # weight = exp(-DECAY_RATE * (1 - H)): fixed by the weights contract
+SHARE_TOTAL = 100
+
+
+class StatsError(ValueError):
+    """A model-input document that breaks the contract; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+# --------------------------------------------------------------------------- input
+
+
+@dataclass(frozen=True)
+class ZoneStats:
+    """Evidence about one destination AZ over the evaluation window (DESIGN "Model input").
+
+    success: connect success rate ok/(ok+refused+timeout), None when nothing completed.
+    p95_ms: P95 smoothed RTT from the merged histogram, None without RTT samples.
+    util: weighted CPU+memory utilisation of the AZ's nodes, None without agents there.
+    syn_retrans_per_conn / rto_per_conn: per connect attempt.
+    samples: completed connections + RTT samples (how much evidence this is).
+    """
+
+    success: float | None = None
+    p95_ms: float | None = None
+    util: float | None = None
+    syn_retrans_per_conn: float = 0.0
+    rto_per_conn: float = 0.0
+    samples: int = 0
+
+    def is_evidence(self, min_samples: int) -> bool:
+        """Enough samples, and at least one usable signal, to act on."""
+        if self.samples < min_samples:
+            return False
+        return _finite(self.success) is not None or _finite(self.p95_ms) is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str = "zone") -> "ZoneStats":
+        """Validate one zone's stats; raises StatsError naming the field (e.g. zones.az-a.success)."""
+        if not isinstance(doc, Mapping):
+            raise StatsError(where, "expected an object")
+        known = {f.name for f in fields(cls)}
+        for key in doc:
+            if key not in known:
+                raise StatsError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
+
+        def number(key: str, lo: float, hi: float, optional: bool, default: float | None) -> float | None:
+            value = doc.get(key, default)
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise StatsError(f"{where}.{key}", f"expected a number, got {value!r:.40}")
+            value = float(value)
+            if not math.isfinite(value) or not lo <= value <= hi:
+                raise StatsError(f"{where}.{key}", f"{value} is outside {lo}..{hi}")
+            return value
+
+        samples = doc.get("samples", 0)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise StatsError(f"{where}.samples", f"expected an integer >= 0, got {samples!r:.40}")
+        return cls(
+            success=number("success", 0.0, 1.0, True, None),
+            p95_ms=number("p95_ms", 0.0, 1e9, True, None),
+            util=number("util", 0.0, 1.0, True, None),
+            syn_retrans_per_conn=number("syn_retrans_per_conn", 0.0, 1e9, False, 0.0) or 0.0,
+            rto_per_conn=number("rto_per_conn", 0.0, 1e9, False, 0.0) or 0.0,
+            samples=samples,
+        )
+
+
+def parse_stats_document(doc: object) -> dict[str, ZoneStats]:
+    """``{"zones": {az: {...}}}`` -> {az: ZoneStats}; raises StatsError naming the field."""
+    if not isinstance(doc, Mapping):
+        raise StatsError("stats", "expected a JSON object with a 'zones' object")
+    zones = doc.get("zones")
+    if not isinstance(zones, Mapping) or not zones:
+        raise StatsError("zones", "expected a non-empty object of AZ name -> stats")
+    out: dict[str, ZoneStats] = {}
+    for az, zone in zones.items():
+        if not isinstance(az, str) or not az:
+            raise StatsError("zones", f"AZ name {az!r} must be a non-empty string")
+        out[az] = ZoneStats.from_json(zone, f"zones.{az}")
+    return out
+
+
+# -------------------------------------------------------------------------- output
+
+
+@dataclass(frozen=True)
+class ZoneHealth:
+    """A model's verdict on one AZ. `weight` in [e^-2, 1]; `share_raw` > 0, finite."""
+
+    health: float
+    weight: float
+    share_raw: float
+    reasons: tuple[str, ...]
+
+
+class Model(Protocol):
+    name: str
+    degraded_below: float  # the model's own scale: health under this is "degraded"
+
+    def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
+        """Health of every given AZ (all of them, whatever their inputs)."""
+        ...
+
+
+def _finite(value: float | None) -> float | None:
+    """None for None/NaN/inf: a broken input is a missing input, never a verdict."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def fmt(value: float, decimals: int = 1) -> str:
+    """A number for a reason string: fixed point, or 3 significant digits when huge."""
+    return f"{value:.{decimals}f}" if abs(value) < 1e6 else f"{value:.3g}"
+
+
+def _clip(value: float, lo: float = 0.0, hi: float = 1.0) -> float:
+    return lo if value < lo else hi if value > hi else value
+
+
+def decay_weight(health: float) -> float:
+    """The contract's weight: exp(-2 (1 - H)), clamped into [e^-2, 1]."""
+    h = _clip(_finite(health) if _finite(health) is not None else 1.0)
+    return _clip(math.exp(-DECAY_RATE * (1.0 - h)), WEIGHT_MIN, WEIGHT_MAX)
+
+
+# ------------------------------------------------------------------------- seed-v1
+
+
+class SeedV1Model:
+    """The documents' formula, exactly (see module docstring). Missing S/P95/U are neutral."""
+
+    name = "seed-v1"
+    # Utilisation alone costs up to 0.25 of H here (a healthy zone at U=0.4 scores 0.90),
+    # so "degraded" must sit lower than on the default model's scale.
+    degraded_below = 0.70
+
+    def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
+        out: dict[str, ZoneHealth] = {}
+        for az, z in zones.items():
+            reasons: list[str] = []
+            s = _finite(z.success)
+            if s is None:
+                s = 1.0
+                reasons.append("success unknown: counted as 1.0")
+            s = _clip(s)
+            p95 = _finite(z.p95_ms)
+            if p95 is None:
+                lnorm = 1.0
+                reasons.append("p95 unknown: Lnorm 1.0")
+            else:
+                lnorm = _clip((800.0 - p95) / 750.0)
+            u = _finite(z.util)
+            if u is None:
+                u = 0.0
+                reasons.append("util unknown: counted as 0")
+            u = _clip(u)
+            health = _clip(0.40 * s + 0.35 * lnorm + 0.25 * (1.0 - u))
+            weight = decay_weight(health)
+            reasons.insert(0, f"seed-v1: H = 0.40*S {s:.4f} + 0.35*Lnorm {lnorm:.3f} + 0.25*(1-U {u:.2f}) = {health:.3f}")
+            out[az] = ZoneHealth(health=health, weight=weight, share_raw=weight, reasons=tuple(reasons))
+        return out
+
+
+# ------------------------------------------------------------------------- default
+
+
+@dataclass(frozen=True)
+class DefaultModelConfig:
+    """Coefficients of the default model; every field is a key of [model.default]."""
+
+    w_failure: float = 0.50
+    w_latency: float = 0.30
+    w_util: float = 0.20
+    failure_tolerance: float = 0.001
+    failure_scale: float = 0.05
+    syn_cost: float = 0.5
+    rto_cost: float = 0.3
+    latency_tolerance_ms: float = 10.0
+    latency_tolerance_frac: float = 0.25
+    latency_span_ms: float = 200.0
+    util_knee: float = 0.70
+    share_exponent: float = 6.0
+    degraded_below: float = 0.90  # health under this is "degraded" for the safety rules
+
+    @classmethod
+    def from_section(cls, section: Section) -> "DefaultModelConfig":
+        values: dict[str, float] = {}
+        limits = {
+            "failure_scale": (1e-6, 1.0),
+            "latency_span_ms": (1e-3, 1e6),
+            "util_knee": (0.0, 0.99),
+            "share_exponent": (1.0, 50.0),
+            "latency_tolerance_ms": (0.0, 1e6),
+            "degraded_below": (0.0, 1.0),
+        }
+        for f in fields(cls):
+            lo, hi = limits.get(f.name, (0.0, 1e3))
+            values[f.name] = section.number(f.name, f.default, min=lo, max=hi)
+        section.reject_unknown()
+        total = values["w_failure"] + values["w_latency"] + values["w_util"]
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ConfigError(section.field("w_failure"), f"w_failure + w_latency + w_util = {total:g}, must be 1",
+                              "adjust the three weights so they sum to 1")
+        return cls(**values)
+
+
+class DefaultModel:
+    """Health relative to the healthy baseline, steep failure penalty (module docstring)."""
+
+    name = "default"
+
+    def __init__(self, config: DefaultModelConfig | None = None) -> None:
+        self.config = config or DefaultModelConfig()
+        self.degraded_below = self.config.degraded_below
+
+    def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
+        c = self.config
+        latencies = [p for p in (_finite(z.p95_ms) for z in zones.values()) if p is not None and p >= 0]
+        baseline = min(latencies) if latencies else None
+        out: dict[str, ZoneHealth] = {}
+        for az, z in zones.items():
+            reasons: list[str] = []
+            s = _finite(z.success)
+            fail = 0.0 if s is None else 1.0 - _clip(s)
+            syn = _clip(_finite(z.syn_retrans_per_conn) or 0.0, 0.0, 1e6)
+            rto = _clip(_finite(z.rto_per_conn) or 0.0, 0.0, 1e6)
+            effective = fail + c.syn_cost * syn + c.rto_cost * rto
+            fpen = _clip((effective - c.failure_tolerance) / c.failure_scale)
+            if s is None:
+                reasons.append("success unknown: no connect failures counted")
+            reasons.append(
+                f"failures {100 * fail:.2f}% + syn {fmt(syn, 3)}/conn + rto {fmt(rto, 3)}/conn"
+                f" = effective {fmt(100 * effective, 2)}% -> penalty {fpen:.2f}"
+            )
+
+            p95 = _finite(z.p95_ms)
+            if p95 is None or baseline is None:
+                lpen = 0.0
+                reasons.append("p95 unknown: no latency penalty")
+            else:
+                p95 = max(p95, 0.0)
+                excess = p95 - baseline
+                allowed = c.latency_tolerance_ms + c.latency_tolerance_frac * baseline
+                lpen = _clip((excess - allowed) / c.latency_span_ms)
+                reasons.append(
+                    f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms (+{fmt(excess)}, tolerance {fmt(allowed)})"
+                    f" -> penalty {lpen:.2f}"
+                )
+
+            u = _finite(z.util)
+            if u is None:
+                upen = 0.0
+            else:
+                upen = _clip((_clip(u) - c.util_knee) / (1.0 - c.util_knee))
+                if upen > 0:
+                    reasons.append(f"util {u:.2f} above knee {c.util_knee:.2f} -> penalty {upen:.2f}")
+
+            health = _clip(1.0 - (c.w_failure * fpen + c.w_latency * lpen + c.w_util * upen))
+            weight = decay_weight(health)
+            # share_raw = weight**gamma, computed from H directly so it never underflows to 0
+            share_raw = max(math.exp(-DECAY_RATE * c.share_exponent * (1.0 - health)), 1e-300)
+            decided = max(
+                (c.w_failure * fpen, "failures"), (c.w_latency * lpen, "latency"), (c.w_util * upen, "utilisation")
+            )
+            summary = f"health {health:.3f}"
+            if decided[0] > 0:
+                summary += f" (mostly {decided[1]})"
+            reasons.insert(0, summary)
+            out[az] = ZoneHealth(health=health, weight=weight, share_raw=share_raw, reasons=tuple(reasons))
+        return out
+
+
+# -------------------------------------------------------------------------- shares
+
+
+def equal_shares(zones: list[str] | tuple[str, ...]) -> dict[str, int]:
+    """Split 100 evenly; the remainder goes to the first zones in sorted order."""
+    names = sorted(zones)
+    if not names:
+        return {}
+    return shares_from_weights({az: 1.0 for az in names})
+
+
+def shares_from_weights(weights: Mapping[str, float]) -> dict[str, int]:
+    """Integer percents, each >= 1, summing to exactly 100, proportional to `weights`.
+
+    Largest-remainder rounding (ties broken by AZ name, so the output is deterministic),
+    then any zone below 1 is raised to 1 by taking points from the largest share. A
+    non-finite or negative weight counts as 0; all-zero weights give an equal split. At most
+    100 zones can each hold >= 1 % (ValueError beyond).
+    """
+    names = sorted(weights)
+    if not names:
+        return {}
+    if len(names) > SHARE_TOTAL:
+        raise ValueError(f"{len(names)} zones cannot each get >= 1 of {SHARE_TOTAL}")
+    values = [_finite(weights[az]) for az in names]
+    clean = [v if v is not None and v > 0 else 0.0 for v in values]
+    peak = max(clean)
+    if peak > 0:
+        clean = [v / peak for v in clean]  # finite weights near 1e308 could sum to inf
+    total = math.fsum(clean)
+    if not total > 0:
+        clean, total = [1.0] * len(names), float(len(names))
+    exact = [SHARE_TOTAL * v / total for v in clean]
+    floors = [int(math.floor(x)) for x in exact]
+    left = SHARE_TOTAL - sum(floors)
+    order = sorted(range(len(names)), key=lambda i: (-(exact[i] - floors[i]), names[i]))
+    for i in order[:left]:
+        floors[i] += 1
+    for i in range(len(names)):
+        while floors[i] < 1:
+            donor = max(range(len(names)), key=lambda j: (floors[j], names[j]))
+            floors[donor] -= 1
+            floors[i] += 1
+    return dict(zip(names, floors))
+
+
+# ------------------------------------------------------------------------ registry
+
+MODEL_NAMES = ("default", "seed-v1")
+
+
+def load_model(name: str, section: Section | None = None) -> Model:
+    """The model called `name`, its coefficients read from `section` ([model.<name>]).
+
+    Raises ConfigError (exit 2) for an unknown name or a bad coefficient.
+    """
+    section = section or Section({}, f"model.{name}")
+    if name == "default":
+        return DefaultModel(DefaultModelConfig.from_section(section))
+    if name == "seed-v1":
+        section.reject_unknown()  # the documents' formula has no knobs, on purpose
+        return SeedV1Model()
+    raise ConfigError("model.name", f"unknown model {name!r}", f"use one of: {', '.join(MODEL_NAMES)}")

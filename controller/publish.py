@@ -1,0 +1,171 @@
+"""Fenced, validated writes of the weights documents to Consul KV.
+
+Every write is ONE transaction:
+    [check-session <prefix>leader = our session, set <prefix>weights,
+     set <prefix>weights/from/<src AZ> ...]
+so a deposed leader (whose session no longer holds the lock) cannot write anything:
+Consul rolls the whole transaction back with a 409, and the caller steps down.
+
+What is written, and when:
+- only when a share (or a zone's / the overall state) moved since the last write, or
+  every heartbeat_s, or on the first write of a term;
+- `generation` strictly increases per write; a new leader reads the current document's
+  generation and continues above it (a leader that never saw the old document still
+  cannot go backwards, because that read happens before its first write);
+- `expires_at = generated_at + max(3 * heartbeat_s, 2 * session_ttl_s + lock_delay_s +
+  3 * interval_s)`: a reader tolerates two missed heartbeats, and a leader fail-over
+  (the old session expiring - Consul may take up to 2 x TTL - plus the lock-delay plus a
+  few cycles) never makes readers treat a still-correct document as stale;
+- each document is validated by parse_weights(doc.dumps()) - the readers' own parser -
+  before the transaction; an invalid document is never written (counted, logged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import consul
+
+from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
+from azprobe.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights
+
+log = logging.getLogger(__name__)
+
+GLOBAL_VIEW = ""  # the key of the global view in a views mapping; sources use their AZ name
+
+
+@dataclass(frozen=True)
+class WeightsView:
+    """One document's content before it gets its generation and timestamps."""
+
+    state: str
+    zones: Mapping[str, ZoneWeights]
+    source_az: str | None = None
+
+    def signature(self) -> tuple:
+        """What a write is about: shares and states (not reasons or float noise)."""
+        return (self.state, tuple(sorted((az, z.share, z.state) for az, z in self.zones.items())))
+
+
+class Fenced(Exception):
+    """The transaction was rolled back: we are not (any more) the lock holder."""
+
+    def __init__(self, conflict: TxnConflict) -> None:
+        self.conflict = conflict
+        super().__init__(str(conflict))
+
+
+@dataclass
+class PublishCounters:
+    writes: int = 0
+    conflicts: int = 0
+    invalid_docs: int = 0
+    skipped_unchanged: int = 0
+
+
+@dataclass
+class Publisher:
+    client: consul.Consul
+    settings: ConsulSettings
+    leader_name: str
+    model_name: str
+    heartbeat_s: float = 30.0
+    expiry_s: float = 90.0
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    generation: int = 0
+    counters: PublishCounters = field(default_factory=PublishCounters)
+    _last_signatures: dict[str, tuple] | None = None
+    _last_write_at: float | None = None
+
+    @staticmethod
+    def expiry_for(*, heartbeat_s: float, session_ttl_s: float, lock_delay_s: float, interval_s: float) -> float:
+        """See the module docstring for why."""
+        return max(3 * heartbeat_s, 2 * session_ttl_s + lock_delay_s + 3 * interval_s)
+
+    @property
+    def weights_key(self) -> str:
+        return self.settings.key("weights")
+
+    def view_key(self, view: str) -> str:
+        return self.weights_key if view == GLOBAL_VIEW else self.settings.key(f"weights/from/{view}")
+
+    def start_term(self) -> int:
+        """On becoming leader: continue above the generation already in KV. Raises
+        ConsulError when Consul does not answer (then we must not write yet)."""
+        state = read_key(self.client, self.weights_key)
+        current = 0
+        if state.value:
+            try:
+                current = parse_weights(state.value).generation
+            except WeightsError:
+                # An invalid document still tells us the generation readers last saw.
+                try:
+                    raw = json.loads(state.value)
+                    value = raw.get("generation") if isinstance(raw, dict) else None
+                    current = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+                except ValueError:
+                    current = 0
+        self.generation = max(self.generation, current)
+        self._last_signatures = None  # first write of a term always goes out
+        self._last_write_at = None
+        return self.generation
+
+    def due(self, views: Mapping[str, WeightsView]) -> str | None:
+        """Why these views should be written now, or None when nothing moved."""
+        if self._last_signatures is None or self._last_write_at is None:
+            return "first write of this term"
+        signatures = {name: v.signature() for name, v in views.items()}
+        if signatures != self._last_signatures:
+            return "shares or states changed"
+        if self.clock() - self._last_write_at >= self.heartbeat_s:
+            return "heartbeat"
+        return None
+
+    def build(self, views: Mapping[str, WeightsView], generation: int, now: float) -> dict[str, WeightsDoc]:
+        """Stamp views into documents and validate each with the readers' parser."""
+        docs: dict[str, WeightsDoc] = {}
+        for name, view in views.items():
+            doc = WeightsDoc(generation=generation, generated_at=now, expires_at=now + self.expiry_s,
+                             leader=self.leader_name, model=self.model_name, state=view.state,
+                             zones=dict(view.zones), source_az=view.source_az)
+            parse_weights(doc.dumps())  # the last line of defence: what readers will accept
+            docs[name] = doc
+        return docs
+
+    def publish(self, session_id: str, views: Mapping[str, WeightsView], *, force: bool = False) -> WeightsDoc | None:
+        """Write the views if due. Returns the global document written, None when nothing
+        was due or a document was invalid. Raises Fenced on a 409, ConsulError when
+        Consul does not answer."""
+        reason = "forced" if force else self.due(views)
+        if reason is None:
+            self.counters.skipped_unchanged += 1
+            return None
+        if GLOBAL_VIEW not in views:
+            raise ValueError("views must include the global view")
+        generation = self.generation + 1
+        try:
+            docs = self.build(views, generation, self.wall())
+        except (WeightsError, ValueError, TypeError) as exc:
+            self.counters.invalid_docs += 1
+            log.error("not writing an invalid weights document: %s", exc)
+            return None
+        # Consumed before sending: if the txn applied but its answer was lost, the next
+        # write must still carry a higher generation.
+        self.generation = generation
+        ops = [op_check_session(self.settings.key("leader"), session_id)]
+        ops += [op_set(self.view_key(name), doc.dumps()) for name, doc in docs.items()]
+        try:
+            txn(self.client, ops)
+        except TxnConflict as exc:
+            self.counters.conflicts += 1
+            raise Fenced(exc) from None
+        self.counters.writes += 1
+        self._last_signatures = {name: v.signature() for name, v in views.items()}
+        self._last_write_at = self.clock()
+        log.debug("wrote weights generation %d (%s)", generation, reason)
+        return docs[GLOBAL_VIEW]

@@ -1,0 +1,514 @@
+"""Safety rules between a model's verdict and the published shares (pure).
+
+The incident azprobe exists to prevent: a stale snapshot returned empty data, every zone
+looked dead, failures went from 0.2 % to 37 %. So the shares a model asks for pass
+through these rules, in this order, every cycle (``apply_safety``):
+
+0. **Zones**: every AZ in the input or remembered; one absent for ``forget_after_s``
+   (default 1 h) while other AZs do report is dropped (never all of them). Operator
+   controls (rules 3, 4) are applied before rule 2: an operator's hold or shift wins.
+1. **Evidence**: a zone counts as *fresh* only with ``samples >= min_samples`` and a
+   finite model health. A zone without fresh evidence keeps its last-known-good verdict;
+   after ``stale_after_s`` its state is ``stale``; after ``equal_after_s`` (or if it never
+   had evidence) it is treated as healthy (neutral weight -> equal share). Missing data
+   never drains a zone.
+2. **All stale**: no fresh zone at all -> hold the last shares exactly, then equal shares
+   once the newest evidence is older than ``equal_after_s``. Overall state ``stale``.
+3. **Operator freeze** (``control/freeze``): hold the last shares; state ``frozen``.
+4. **Operator shift** (``control/shift/<az>`` until an expiry): drain that AZ to the floor
+   (1 %) at once; state ``shifted``. Shifts use drain slots (rule 6).
+5. **Panic**: at least two fresh zones and every fresh zone degraded -> spread evenly,
+   at once; state ``panic`` on every zone (what Envoy's panic threshold does too: when
+   everything looks bad, the measurement is the likelier culprit).
+6. **Max drained zones**: at most ``max_drained_zones`` degraded zones drain at once,
+   the least healthy first; the others are held at the best healthy zone's weight.
+7. **Dwell**: a zone that just turned degraded keeps its share for ``drain_dwell_s``; a
+   spike from the detector (``spikes[az]``) skips the dwell.
+8. **Anti-flap**: hysteresis -- nothing moves unless some share would move by at least
+   ``hysteresis_points`` (a capped move under way still finishes); zone states use a band
+   (degraded below ``degraded_below`` -- by default the model's own threshold -- ok again
+   only ``recovery_band`` above it). Drain fast, recover slowly: a zone *below its fair
+   share* (100/n) whose target is higher gains at most ``max_increase_points`` per cycle;
+   any zone loses at most ``max_decrease_points`` per cycle; the other zones absorb a
+   drain freely (a drain must not wait for the slow recovery cap; if only recovering
+   zones are left to absorb, the cap yields for that cycle). The capped move is the
+   closest point to the target inside those bounds (a box-constrained projection), so
+   shares still sum to 100.
+9. **Output**: integer shares, each >= 1, summing to exactly 100; never empty, zero or NaN.
+
+The state carried between cycles is the immutable ``SafetyState`` returned inside every
+``Decision``; pass it back in next cycle. Every zone carries human ``reasons``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from azprobe.config import Section
+from azprobe.weights import MAX_INT, MAX_P95_MS, MAX_REASONS
+from azprobe.weights import MAX_STRING as MAX_REASON_CHARS
+from controller.models import (
+    SHARE_TOTAL,
+    WEIGHT_MAX,
+    WEIGHT_MIN,
+    ZoneHealth,
+    ZoneStats,
+    decay_weight,
+    equal_shares,
+    fmt,
+    shares_from_weights,
+)
+
+ZONE_STATES = ("ok", "degraded", "stale", "panic", "frozen", "shifted")
+OVERALL_STATES = ("ok", "degraded", "panic", "frozen", "stale")
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    """The [safety] table. Durations in seconds, shares in percentage points."""
+
+    min_samples: int = 20
+    stale_after_s: float = 10.0
+    equal_after_s: float = 60.0
+    max_drained_zones: int = 1
+    degraded_below: float | None = None  # None: the model's own threshold (Policy fills it in)
+    recovery_band: float = 0.03  # ok again only at degraded_below + recovery_band
+    hysteresis_points: float = 3.0
+    max_increase_points: float = 5.0
+    max_decrease_points: float = 50.0
+    drain_dwell_s: float = 2.0
+    forget_after_s: float = 3600.0  # a zone with no data at all for this long leaves the document
+
+    @classmethod
+    def from_section(cls, section: Section, *, reject_unknown: bool = True) -> "SafetyConfig":
+        """Read [safety]; with reject_unknown=False the caller may read more keys (e.g. heartbeat_s)."""
+        cfg = cls(
+            min_samples=section.integer("min_samples", cls.min_samples, min=1, max=10**9),
+            stale_after_s=section.number("stale_after_s", cls.stale_after_s, min=0.1, max=86400),
+            equal_after_s=section.number("equal_after_s", cls.equal_after_s, min=0.1, max=86400),
+            max_drained_zones=section.integer("max_drained_zones", cls.max_drained_zones, min=0, max=100),
+            degraded_below=(section.number("degraded_below", 0.9, min=0.0, max=1.0)
+                            if section.has("degraded_below") else None),
+            recovery_band=section.number("recovery_band", cls.recovery_band, min=0.0, max=0.5),
+            hysteresis_points=section.number("hysteresis_points", cls.hysteresis_points, min=0.0, max=50.0),
+            max_increase_points=section.number("max_increase_points", cls.max_increase_points, min=0.5, max=100.0),
+            max_decrease_points=section.number("max_decrease_points", cls.max_decrease_points, min=0.5, max=100.0),
+            drain_dwell_s=section.number("drain_dwell_s", cls.drain_dwell_s, min=0.0, max=3600),
+            forget_after_s=section.number("forget_after_s", cls.forget_after_s, min=1.0, max=10**7),
+        )
+        from azprobe.errors import ConfigError
+
+        if cfg.equal_after_s < cfg.stale_after_s:
+            raise ConfigError(section.field("equal_after_s"), f"{cfg.equal_after_s} is below stale_after_s "
+                              f"{cfg.stale_after_s}", "equal shares come after holding last-known-good")
+        if reject_unknown:
+            section.reject_unknown()
+        return cfg
+
+    @property
+    def degraded_threshold(self) -> float:
+        return 0.90 if self.degraded_below is None else self.degraded_below
+
+    @property
+    def recover_above(self) -> float:
+        return min(self.degraded_threshold + self.recovery_band, 1.0)
+
+
+@dataclass(frozen=True)
+class Controls:
+    """Operator switches read from KV: control/freeze and control/shift/<az> (expiry, unix s)."""
+
+    freeze: bool = False
+    shifts: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ZoneMemory:
+    """What safety remembers about one zone between cycles."""
+
+    first_seen: float
+    last_good_at: float | None = None
+    last_seen: float | None = None  # last cycle the zone was in the input at all
+    health: float = 1.0
+    weight: float = 1.0
+    share_raw: float = 1.0
+    stats: ZoneStats = ZoneStats()
+    degraded: bool = False
+    degraded_since: float | None = None
+    state: str = "ok"
+
+
+@dataclass(frozen=True)
+class SafetyState:
+    """Carried from one cycle to the next. Treat as immutable; `apply_safety` returns a new one."""
+
+    shares: Mapping[str, int] = field(default_factory=dict)
+    zones: Mapping[str, ZoneMemory] = field(default_factory=dict)
+    last_decision_at: float | None = None
+    converging: bool = False  # the last shares were capped short of their target: keep moving
+
+
+@dataclass(frozen=True)
+class ZoneDecision:
+    weight: float
+    share: int
+    health: float
+    success: float | None
+    p95_ms: float | None
+    util: float | None
+    samples: int
+    state: str
+    reasons: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """One zone of the weights document (CONTRACTS.md)."""
+        return {
+            # rounded, but never below the contract's floor e^-2 (round() could cross it)
+            "weight": min(max(round(self.weight, 9), WEIGHT_MIN), WEIGHT_MAX),
+            "share": self.share,
+            "health": round(self.health, 6),
+            "success": None if self.success is None else round(self.success, 6),
+            "p95_ms": None if self.p95_ms is None else round(self.p95_ms, 3),
+            "util": None if self.util is None else round(self.util, 4),
+            "samples": self.samples,
+            "state": self.state,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: str  # overall: ok | degraded | panic | frozen | stale
+    zones: Mapping[str, ZoneDecision]
+    safety_state: SafetyState
+    changed: bool  # shares differ from the previous decision's
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def publishable(self) -> bool:
+        """False only when no AZ was ever seen: never publish an empty set."""
+        return bool(self.zones)
+
+    @property
+    def shares(self) -> dict[str, int]:
+        return {az: z.share for az, z in self.zones.items()}
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _finite(value: Any) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _clip(value: float, lo: float, hi: float) -> float:
+    return lo if value < lo else hi if value > hi else value
+
+
+def _clean_stats(s: ZoneStats) -> ZoneStats:
+    """Stats safe to publish: NaN/inf -> None, rates clipped, samples a non-negative int."""
+    success = _finite(s.success)
+    p95 = _finite(s.p95_ms)
+    util = _finite(s.util)
+    samples = s.samples if isinstance(s.samples, int) and not isinstance(s.samples, bool) else 0
+    return ZoneStats(
+        success=None if success is None else _clip(success, 0.0, 1.0),
+        p95_ms=None if p95 is None else _clip(p95, 0.0, MAX_P95_MS),
+        util=None if util is None else _clip(util, 0.0, 1.0),
+        syn_retrans_per_conn=max(_finite(s.syn_retrans_per_conn) or 0.0, 0.0),
+        rto_per_conn=max(_finite(s.rto_per_conn) or 0.0, 0.0),
+        samples=min(max(samples, 0), MAX_INT),  # beyond 2^53 a JSON reader loses precision
+    )
+
+
+def project_shares(target: Mapping[str, float], lo: Mapping[str, float], hi: Mapping[str, float]) -> dict[str, float]:
+    """The point clip(target + mu, lo, hi) summing to 100 (bisection on mu).
+
+    Needs sum(lo) <= 100 <= sum(hi), which holds when lo <= last <= hi and the last
+    shares sum to 100.
+    """
+    names = list(target)
+
+    def total(mu: float) -> float:
+        return math.fsum(_clip(target[a] + mu, lo[a], hi[a]) for a in names)
+
+    a, b = -2.0 * SHARE_TOTAL, 2.0 * SHARE_TOTAL
+    for _ in range(60):  # 400 / 2^60: far below the rounding to whole points
+        mid = (a + b) / 2
+        if total(mid) < SHARE_TOTAL:
+            a = mid
+        else:
+            b = mid
+    return {n: _clip(target[n] + b, lo[n], hi[n]) for n in names}
+
+
+# ---------------------------------------------------------------------- the rules
+
+
+@dataclass
+class _Zone:
+    """Working view of one zone during a cycle."""
+
+    name: str
+    memory: ZoneMemory
+    fresh: bool
+    raw: float
+    health: float
+    weight: float
+    stats: ZoneStats
+    degraded: bool
+    state: str
+    reasons: list[str]
+    hold_share: bool = False  # dwell: do not decrease this cycle
+    floor: bool = False  # operator shift: drain to the floor at once
+
+
+def _assess(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: ZoneMemory | None,
+            now: float, cfg: SafetyConfig) -> _Zone:
+    """Rule 1: fresh evidence, last-known-good, or neutral; plus the degraded band."""
+    mem = mem or ZoneMemory(first_seen=now)
+    last_seen = now if stats is not None else mem.last_seen
+    health = _finite(verdict.health) if verdict is not None else None
+    raw = _finite(verdict.share_raw) if verdict is not None else None
+    fresh = (stats is not None and health is not None and raw is not None and raw > 0
+             and stats.is_evidence(cfg.min_samples))
+    if fresh:
+        assert verdict is not None and stats is not None and health is not None and raw is not None
+        health = _clip(health, 0.0, 1.0)
+        weight = _finite(verdict.weight)
+        weight = _clip(weight, WEIGHT_MIN, WEIGHT_MAX) if weight is not None else decay_weight(health)
+        degraded = health < (cfg.recover_above if mem.degraded else cfg.degraded_threshold)
+        since = (mem.degraded_since if mem.degraded and mem.degraded_since is not None else now) if degraded else None
+        clean = _clean_stats(stats)
+        reasons = list(verdict.reasons)
+        if degraded:
+            band = f"< {cfg.recover_above:.2f} (recovery band)" if mem.degraded else f"< {cfg.degraded_threshold:.2f}"
+            reasons.append(f"health {health:.3f} {band}: degraded")
+        else:
+            reasons.append(f"health {health:.3f} >= {cfg.degraded_threshold:.2f}: ok")
+        memory = ZoneMemory(first_seen=mem.first_seen, last_good_at=now, last_seen=now, health=health, weight=weight,
+                            share_raw=raw, stats=clean, degraded=degraded, degraded_since=since,
+                            state="degraded" if degraded else "ok")
+        return _Zone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
+
+    samples = stats.samples if stats is not None and isinstance(stats.samples, int) else 0
+    why = "no data" if stats is None else f"{samples} samples < min {cfg.min_samples}" \
+        if samples < cfg.min_samples else "no usable signal"
+    if mem.last_good_at is not None:
+        age = now - mem.last_good_at
+        if age <= cfg.equal_after_s:
+            state = "stale" if age > cfg.stale_after_s else mem.state
+            reasons = [f"{why}: holding last-known-good from {fmt(age)} s ago (health {mem.health:.3f})"]
+            if state == "stale":
+                reasons.append(f"evidence older than stale_after_s {cfg.stale_after_s:g} s: stale")
+            memory = replace(mem, state=state, last_seen=last_seen)
+            return _Zone(az, memory, False, mem.share_raw, mem.health, mem.weight, mem.stats,
+                         mem.degraded, state, reasons)
+        reasons = [f"{why}: last evidence {fmt(age)} s ago > equal_after_s {cfg.equal_after_s:g} s: treated as healthy"]
+    else:
+        reasons = [f"{why}: no evidence yet, treated as healthy (never drain on missing data)"]
+    memory = replace(mem, degraded=False, degraded_since=None, state="stale", share_raw=1.0, last_seen=last_seen)
+    return _Zone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
+
+
+def apply_safety(
+    stats: Mapping[str, ZoneStats],
+    health: Mapping[str, ZoneHealth],
+    *,
+    now: float,
+    state: SafetyState,
+    config: SafetyConfig,
+    controls: Controls = Controls(),
+    spikes: Mapping[str, bool] | None = None,
+) -> Decision:
+    """One cycle of the rules (module docstring) -> Decision with the next SafetyState.
+
+    `stats`: this cycle's evidence per destination AZ (any AZ may be missing).
+    `health`: the model's verdict for (at least) the AZs with evidence.
+    `spikes`: per AZ, whether the spike detector flags it now (cuts the drain dwell).
+    """
+    spikes = spikes or {}
+    cfg = config
+    remembered = set(state.zones) | set(state.shares)
+    if stats:  # forget only while other zones report: never drop to an empty set
+        remembered = {az for az in remembered if not _forgotten(state.zones.get(az), now, cfg)}
+    names = sorted(set(stats) | remembered)
+    if not names:
+        return Decision("stale", {}, replace(state, last_decision_at=now), False,
+                        ("no AZ seen yet: nothing to publish",))
+    if len(names) > SHARE_TOTAL:
+        names = names[:SHARE_TOTAL]  # cannot give >100 zones >= 1 % each; keep a stable subset
+    zones = {az: _assess(az, stats.get(az), health.get(az), state.zones.get(az), now, cfg) for az in names}
+    last = {az: state.shares[az] for az in names if az in state.shares}
+    have_last = set(last) == set(names) and sum(last.values()) == SHARE_TOTAL
+    overall_reasons: list[str] = []
+    fresh = [z for z in zones.values() if z.fresh]
+
+    def finish(shares: Mapping[str, int], overall: str, converging: bool = False) -> Decision:
+        out: dict[str, ZoneDecision] = {}
+        for az in names:
+            z = zones[az]
+            s = z.stats
+            out[az] = ZoneDecision(weight=_clip(z.weight, WEIGHT_MIN, WEIGHT_MAX), share=int(shares[az]),
+                                   health=_clip(z.health, 0.0, 1.0), success=s.success, p95_ms=s.p95_ms,
+                                   util=s.util, samples=s.samples, state=z.state,
+                                   reasons=tuple(r[:MAX_REASON_CHARS] for r in z.reasons[-MAX_REASONS:]))
+        memories = {}
+        for az in names:
+            z = zones[az]
+            # the display state survives short gaps; panic/frozen/shifted are re-derived each cycle
+            keep = z.state in ("ok", "degraded", "stale")
+            memories[az] = z.memory if not keep or z.memory.state == z.state else replace(z.memory, state=z.state)
+        new_state = SafetyState(shares=dict(shares), zones=memories, last_decision_at=now, converging=converging)
+        changed = dict(shares) != dict(state.shares)
+        return Decision(overall, out, new_state, changed, tuple(overall_reasons))
+
+    # Rule 3 (checked first: an operator's explicit hold wins): operator freeze.
+    if controls.freeze:
+        overall_reasons.append("operator freeze (control/freeze): shares held")
+        for z in zones.values():
+            z.state = "frozen"
+            z.reasons.append("frozen by operator: share held")
+        held = {az: float(last.get(az, 0)) for az in names} if last else {az: 1.0 for az in names}
+        return finish(shares_from_weights(held) if sum(held.values()) > 0 else equal_shares(names), "frozen")
+
+    # Rule 4 (before rule 2: honoured even without data): operator shifts; expired ones are ignored.
+    shifted = sorted(az for az, until in controls.shifts.items()
+                     if az in zones and _finite(until) is not None and until > now)
+    if shifted and len(shifted) == len(names):
+        overall_reasons.append("every zone is shifted: ignoring shifts (nowhere to send traffic)")
+        shifted = []
+    for az in shifted:
+        z = zones[az]
+        z.floor, z.state = True, "shifted"
+        z.reasons.append(f"operator shift (control/shift/{az}) until {fmt(controls.shifts[az], 0)}: drained to the floor")
+
+    # Rule 2: nothing fresh anywhere -> hold, then equal (unless an operator shift moves things).
+    if not fresh and not shifted:
+        goods = [z.memory.last_good_at for z in zones.values() if z.memory.last_good_at is not None]
+        age = now - max(goods) if goods else math.inf
+        for z in zones.values():
+            if age > cfg.stale_after_s or not goods:
+                z.state = "stale"
+        if have_last and age <= cfg.equal_after_s:
+            overall_reasons.append(f"no fresh evidence from any zone for {fmt(age)} s: holding last-known-good shares")
+            for z in zones.values():
+                z.reasons.append("share held: no zone has fresh evidence")
+            shares = dict(last)
+        else:
+            overall_reasons.append("no fresh evidence from any zone" +
+                                   (f" for {fmt(age)} s > equal_after_s {cfg.equal_after_s:g} s" if goods else "") +
+                                   ": equal shares")
+            for z in zones.values():
+                z.reasons.append("equal share: no zone has fresh evidence")
+            shares = equal_shares(names)
+        return finish(shares, "stale")
+
+    # Rule 5: panic.
+    live = [z for z in fresh if not z.floor]
+    panic = len(live) >= 2 and all(z.degraded for z in live)
+    if panic:
+        overall_reasons.append(f"all {len(live)} zones with fresh evidence are degraded: panic, spreading evenly")
+        for z in zones.values():
+            if not z.floor:
+                z.state = "panic"
+                z.raw = 1.0
+                z.reasons.append("panic: every zone degraded together, equal share")
+    else:
+        # Rule 6: at most max_drained_zones drained; operator shifts use slots first.
+        candidates = sorted((z for z in zones.values() if z.degraded and not z.floor), key=lambda z: (z.health, z.name))
+        slots = max(cfg.max_drained_zones - len(shifted), 0)
+        if len(candidates) > slots:
+            healthy = [z.raw for z in zones.values() if not z.degraded and not z.floor]
+            held_raw = max(healthy) if healthy else 1.0
+            drained = [z.name for z in candidates[:slots]]
+            for z in candidates[slots:]:
+                z.raw = max(z.raw, held_raw)
+                z.reasons.append(f"not drained: max_drained_zones {cfg.max_drained_zones} in use"
+                                 f" ({', '.join(drained + shifted) or 'none allowed'})")
+        # Rule 7: dwell before a fresh degradation drains (a spike skips it).
+        for z in candidates[:slots]:
+            since = z.memory.degraded_since
+            if since is None:
+                continue
+            if spikes.get(z.name):
+                z.reasons.append("failure spike detected: drain dwell skipped")
+            elif now - since < cfg.drain_dwell_s:
+                z.hold_share = True
+                z.reasons.append(f"drain pending: degraded for {fmt(now - since)} s < dwell {cfg.drain_dwell_s:g} s")
+
+    # Targets from the (adjusted) raw weights; shifted zones get nothing.
+    raws = {az: (0.0 if z.floor else max(z.raw, 1e-300)) for az, z in zones.items()}
+    total = math.fsum(raws.values())
+    target = {az: SHARE_TOTAL * r / total for az, r in raws.items()} if total > 0 else \
+        {az: SHARE_TOTAL / len(names) for az in names}
+
+    converging = False
+    if not have_last:
+        overall_reasons.append("first decision for this zone set: no step caps")
+        shares = shares_from_weights(target)
+    elif panic:
+        shares = shares_from_weights(target)
+    else:
+        converging = False
+        moves = [abs(target[az] - last[az]) for az in names if not zones[az].hold_share]
+        # hysteresis holds new small moves, not the last steps of a capped move under way
+        if (not moves or max(moves) < cfg.hysteresis_points) and not state.converging \
+                and not shifted_changed(shifted, last):
+            overall_reasons.append(f"every move < hysteresis {cfg.hysteresis_points:g} points: shares held")
+            shares = dict(last)
+        else:
+            fair = SHARE_TOTAL / len(names)
+            lo: dict[str, float] = {}
+            hi: dict[str, float] = {}
+            for az, z in zones.items():
+                prev = float(last[az])
+                lo[az] = 0.0 if z.floor else prev if z.hold_share else max(prev - cfg.max_decrease_points, 0.0)
+                recovering = target[az] > prev and prev < fair - cfg.hysteresis_points and not z.floor
+                hi[az] = prev + cfg.max_increase_points if recovering else float(SHARE_TOTAL)
+                if recovering and target[az] > hi[az]:
+                    z.reasons.append(f"recovering slowly: +{cfg.max_increase_points:g} points per cycle"
+                                     f" (target {target[az]:.1f})")
+                elif not z.floor and not z.hold_share and target[az] < lo[az]:
+                    z.reasons.append(f"draining: at most -{cfg.max_decrease_points:g} points per cycle"
+                                     f" (target {target[az]:.1f})")
+                if z.floor:
+                    hi[az] = 0.0  # rounding lifts it to the 1 % floor
+            if math.fsum(hi.values()) < SHARE_TOTAL:
+                # Everyone left is recovering (e.g. an operator shift of the only big zone):
+                # the traffic has to go somewhere, so the recovery cap yields this cycle.
+                overall_reasons.append("recovery caps lifted: no zone at fair share can absorb the move")
+                hi = {az: 0.0 if zones[az].floor else float(SHARE_TOTAL) for az in names}
+            shares = shares_from_weights(project_shares(target, lo, hi))
+            converging = shares != shares_from_weights(target)
+    overall = "panic" if panic else _overall(zones)
+    return finish(shares, overall, converging)
+
+
+def _forgotten(mem: ZoneMemory | None, now: float, cfg: SafetyConfig) -> bool:
+    """A zone absent from the input for forget_after_s (e.g. a decommissioned AZ)."""
+    if mem is None:
+        return False
+    seen = max(t for t in (mem.first_seen, mem.last_good_at, mem.last_seen) if t is not None)
+    return now - seen > cfg.forget_after_s
+
+
+def shifted_changed(shifted: list[str], last: Mapping[str, int]) -> bool:
+    """A shifted zone not yet at the floor must move even inside the hysteresis band."""
+    return any(last.get(az, 1) > 1 for az in shifted)
+
+
+def _overall(zones: Mapping[str, _Zone]) -> str:
+    states = {z.state for z in zones.values()}
+    if states == {"stale"}:
+        return "stale"
+    # a zone merely without data (e.g. no traffic towards it) is shown per zone, not overall
+    if states & {"degraded", "shifted"}:
+        return "degraded"
+    return "ok"

@@ -1,0 +1,168 @@
+"""Run `azprobe controller` as a real subprocess for integration tests.
+
+ControllerProcess writes a TOML config, starts `python -m azprobe.cli controller
+--config FILE` (what the `azprobe` console script runs), and gives tests its /healthz,
+/metrics and log. Always used as a context manager, so the process is killed even when
+the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import consul
+
+from azprobe.devconsul.testing import free_port
+from azprobe.weights import WeightsDoc, parse_weights
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toml_dumps(data: dict[str, Any]) -> str:
+    """Enough TOML for controller configs: tables of strings, numbers, bools, string lists."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    lines: list[str] = []
+
+    def table(name: str, body: dict[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        subs = []
+        for k, v in body.items():
+            if isinstance(v, dict):
+                subs.append((f"{name}.{k}", v))
+            else:
+                lines.append(f"{k} = {value(v)}")
+        lines.append("")
+        for sub_name, sub in subs:
+            table(sub_name, sub)
+
+    for name, body in data.items():
+        table(name, body)
+    return "\n".join(lines)
+
+
+def controller_config(name: str, consul_url: str, agents: list[str], *, listen_port: int,
+                      interval_s: float = 0.2, evaluation_window_s: float = 1.0, lock_delay_s: float = 1.0,
+                      safety: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "controller": {"name": name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
+                       "listen": f"127.0.0.1:{listen_port}", "session_ttl_s": 10, "lock_delay_s": lock_delay_s},
+        "consul": {"address": consul_url, "prefix": "azprobe/v1/"},
+        "agents": {"static": agents, "pull_timeout_s": 0.5},
+        "safety": {"min_samples": 20, "stale_after_s": 2, "equal_after_s": 4, "heartbeat_s": 30,
+                   "drain_dwell_s": 0, **(safety or {})},
+    }
+
+
+class ControllerProcess:
+    def __init__(self, tmp_path: Path, config: dict[str, Any]) -> None:
+        self.name = config["controller"]["name"]
+        self.config = config
+        self.port = int(config["controller"]["listen"].rsplit(":", 1)[1])
+        self.config_path = tmp_path / f"{self.name}.toml"
+        self.log_path = tmp_path / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def make(cls, tmp_path: Path, name: str, consul_url: str, agents: list[str], **kwargs: Any) -> "ControllerProcess":
+        return cls(tmp_path, controller_config(name, consul_url, agents, listen_port=free_port(), **kwargs))
+
+    def start(self) -> "ControllerProcess":
+        self.config_path.write_text(toml_dumps(self.config))
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "controller", "--config",
+                                      str(self.config_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def get(self, path: str) -> bytes | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as resp:
+                return resp.read()
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def healthz(self) -> dict[str, Any] | None:
+        body = self.get("/healthz")
+        return json.loads(body) if body else None
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of one sample from /metrics (None when absent)."""
+        body = self.get("/metrics")
+        if body is None:
+            return None
+        want = ",".join(sorted(f'{k}="{v}"' for k, v in labels.items()))
+        for line in body.decode().splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            sample, _, label_text = key.partition("{")
+            if sample != name:
+                continue
+            got = ",".join(sorted(label_text.rstrip("}").split(","))) if label_text else ""
+            if got == want:
+                return float(value)
+        return None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ControllerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def read_weights(client: consul.Consul, key: str = "azprobe/v1/weights") -> WeightsDoc | None:
+    _, data = client.kv.get(key)
+    if not data or not data.get("Value"):
+        return None
+    return parse_weights(data["Value"])
+
+
+def leader_holder(client: consul.Consul, key: str = "azprobe/v1/leader") -> dict[str, Any] | None:
+    """{"name", "address", "session"} of the lock holder, or None when the lock is free."""
+    _, data = client.kv.get(key)
+    if not data or not data.get("Session"):
+        return None
+    return {**json.loads(data["Value"]), "session": data["Session"]}

@@ -1,0 +1,128 @@
+"""The closed loop, end to end: real lab, real BPF agent, devconsul, real controller
+subprocesses, scored from what Consul KV showed (azprobe.demo.metrics).
+
+One lab + devconsul + agent serves all drills (module fixture); each drill starts its
+own controllers on a fresh KV prefix, so drills do not see each other's weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from azprobe.demo.metrics import KvSample
+from azprobe.demo.runner import LOCK_DELAY_S, SESSION_TTL_S, LoopStack, run_drill
+from azprobe.demo.scenarios import get_scenario
+
+pytestmark = [pytest.mark.slow, pytest.mark.lab, pytest.mark.kernel]
+
+FAULT_S = 10.0  # shortened drills: long enough to drain, short enough for make test
+# The failover kill comes at 1/4 of the fault (after the drain); a SIGKILLed leader's
+# session lives up to 2 x TTL = 20 s, so the fault must outlast the takeover.
+FAILOVER_FAULT_S = 32.0
+
+
+@pytest.fixture(scope="module")
+def stack():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces and BPF")
+    from azprobe.lab.lab import unique_lab_name
+
+    with LoopStack(lab_name=unique_lab_name("e2e")) as s:
+        yield s
+
+
+def _in_fault(samples: list[KvSample], start: float, end: float) -> list[KvSample]:
+    return [s for s in samples if start <= s.t <= end]
+
+
+def test_default_drill_drains_the_sick_zone_and_recovers(stack: LoopStack) -> None:
+    result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S)
+    m = result.metrics
+    context = f"figures: {result.to_json()}"
+    assert m.shares_before, "no baseline weights before the fault; " + context
+    assert m.detect_s is not None and m.detect_s <= 5.0, context
+    assert m.shares_during["az-b"] <= 10, context
+    # The healthy zones took az-b's traffic.
+    assert m.shares_during["az-a"] > m.shares_before["az-a"] and m.shares_during["az-c"] > m.shares_before["az-c"]
+    assert m.recover_s is not None, context
+    assert abs(m.shares_after["az-b"] - m.shares_before["az-b"]) <= 5, context
+    assert m.min_share_seen >= 1
+
+
+def test_all_zones_degraded_is_panic_not_a_drain(stack: LoopStack) -> None:
+    result = run_drill(stack, get_scenario("all-zones"), fault_s=FAULT_S)
+    m = result.metrics
+    context = f"figures: {result.to_json()}"
+    assert "panic" in m.states_seen, context
+    fault_start = result.events[0].t
+    fault_end = result.events[-1].t
+    during = _in_fault(result.samples, fault_start, fault_end)
+    panic = [s for s in during if s.state == "panic"]
+    assert panic, context
+    even = 100 // len(stack.azs)
+    for s in panic:  # spread evenly: every zone within a point of 100/N
+        assert all(even - 1 <= share <= even + 1 for share in s.shares.values()), s
+    # No zone was drained while every zone was sick: nobody fell below the detect threshold.
+    assert min(m.min_share_during.values()) >= 15, context
+
+
+def test_controller_failover_keeps_kv_updates_flowing(stack: LoopStack) -> None:
+    result = run_drill(stack, get_scenario("controller-failover"), fault_s=FAILOVER_FAULT_S)
+    m = result.metrics
+    context = f"figures: {result.to_json()}"
+    kill = next(e for e in result.events if e.action == "kill-leader")
+    assert len(m.leaders_seen) == 2 and kill.detail == m.leaders_seen[0], context
+    assert m.takeover_s is not None and m.lock_released_s is not None, context
+    # A SIGKILLed leader cannot release its lock: Consul frees it when the session's TTL
+    # lapses (up to 2 x TTL). From then on the standby must write within lock-delay + 2 s.
+    assert m.write_after_release_s is not None and m.write_after_release_s <= LOCK_DELAY_S + 2.0, context
+    # The controllers write every cycle (heartbeat < interval), so the largest gap between
+    # generations is the takeover, bounded by session expiry + lock-delay + 2 s.
+    assert m.max_generation_gap <= 2 * SESSION_TTL_S + LOCK_DELAY_S + 2.0, context
+    # The drill still did its job, and the new leader held the drain from warm state.
+    assert m.detect_s is not None and m.shares_during["az-b"] <= 10, context
+    fault_end = result.events[-1].t
+    by_new_leader = [s for s in result.samples if s.leader == m.leaders_seen[1] and s.t < fault_end]
+    assert by_new_leader and all(s.shares["az-b"] <= 15 for s in by_new_leader), context
+
+
+def test_interrupted_demo_tears_everything_down() -> None:
+    """`kill` (SIGTERM, handled like Ctrl-C) in the middle of a drill: exit 130, every
+    child process gone, the lab's namespaces gone."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces and BPF")
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    import psutil
+
+    from azprobe.lab.lab import unique_lab_name
+    from azprobe.lab.netns import list_lab_namespaces
+    from tests.helpers import wait_for
+
+    name = unique_lab_name("int")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "lab", "demo", "--name", name, "--fault-s", "30"],
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            def drilling() -> bool:
+                err.seek(0)
+                return "drill" in err.read()
+
+            wait_for(drilling, timeout=90, interval=0.2, message="the demo to reach its drill")
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert any("controller" in " ".join(c.cmdline()) for c in children)
+            assert list_lab_namespaces(name)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [c.pid for c in alive]
+        assert list_lab_namespaces(name) == []

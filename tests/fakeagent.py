@@ -1,0 +1,297 @@
+"""Fake azprobe agents for controller tests and the scale bench.
+
+A FakeAgent produces windows exactly per azprobe/window.py (to_json) into a ring and
+answers `GET /v1/windows?after=SEQ` like the real agent. One FakeAgentServer (aiohttp on
+its own thread and loop, real HTTP on 127.0.0.1) serves many agents: agent KEY lives at
+`http://127.0.0.1:PORT/a/KEY` (the controller appends /v1/windows to the base URL).
+Tests steer an agent directly: pause it (no new windows: stale), restart it (new boot_id,
+seq from 1), push garbage, fail its pulls with HTTP 500, or make it slow.
+
+`python -m tests.fakeagent --agents N --azs az-a,az-b,az-c` serves N generated agents and
+prints its port on stdout (the bench runs it as a separate process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from azprobe.sketch import Histogram
+from azprobe.window import PathStats, Utilisation, Window
+
+
+@dataclass
+class PathSpec:
+    """What one window of a path looks like: per-window counts and latencies."""
+
+    dst: str
+    conn_attempts: int = 100
+    failures: int = 0  # of the attempts, how many time out
+    syn_retrans: int = 0
+    rto: int = 0
+    rtt_ms: float = 10.0
+    connect_ms: float = 10.0
+    src: str | None = None  # default: the agent's own AZ
+
+    def stats(self, src: str) -> PathStats:
+        rtt = Histogram()
+        rtt.record(int(self.rtt_ms * 1000), max(self.conn_attempts, 1))
+        connect = Histogram()
+        ok = max(self.conn_attempts - self.failures, 0)
+        if ok:
+            connect.record(int(self.connect_ms * 1000), ok)
+        return PathStats(src=self.src or src, dst=self.dst, conn_attempts=self.conn_attempts, conn_ok=ok,
+                         conn_timeout=self.conn_attempts - ok, syn_retrans=self.syn_retrans, rto=self.rto,
+                         retrans=self.syn_retrans + self.rto, rtt_us=rtt, connect_us=connect)
+
+
+class FakeAgent:
+    def __init__(self, node: str, az: str, paths: list[PathSpec], *, ring_size: int = 300,
+                 cpu: float = 0.3, mem: float = 0.5) -> None:
+        self.node = node
+        self.az = az
+        self.paths = paths
+        self.cpu = cpu
+        self.mem = mem
+        self.boot_id = uuid.uuid4().hex
+        self.seq = 0
+        self.ring: deque[dict] = deque(maxlen=ring_size)
+        self.paused = False  # True: answers pulls but makes no new windows (stale)
+        self.fail_status = 0  # non-zero: answer every pull with this HTTP status
+        self.delay_s = 0.0  # answer this late (a slow agent)
+        self.pulls = 0
+        self.lock = threading.Lock()
+
+    def emit(self, end: float | None = None, interval_s: float = 1.0) -> dict:
+        """Append one window ending at `end` (default now) to the ring and return it."""
+        end = time.time() if end is None else end
+        with self.lock:
+            self.seq += 1
+            window = Window(node=self.node, az=self.az, boot_id=self.boot_id, seq=self.seq,
+                            start=end - interval_s, end=end, util=Utilisation(self.cpu, self.mem),
+                            paths=[p.stats(self.az) for p in self.paths])
+            doc = window.to_json()
+            self.ring.append(doc)
+        return doc
+
+    def push_raw(self, doc: dict) -> None:
+        """Put any document in the ring (garbage tests); it takes the next seq if it has one."""
+        with self.lock:
+            if isinstance(doc.get("seq"), int):
+                self.seq = max(self.seq, doc["seq"])
+            self.ring.append(doc)
+
+    def next_seq(self) -> int:
+        with self.lock:
+            self.seq += 1
+            return self.seq
+
+    def restart(self) -> None:
+        """A new boot: new boot_id, seq from 1, empty ring (the real agent's ring is in memory)."""
+        with self.lock:
+            self.boot_id = uuid.uuid4().hex
+            self.seq = 0
+            self.ring.clear()
+
+    def drop_ring(self) -> None:
+        """Forget every window (the ring wrapped while nobody pulled): the next pull sees a gap."""
+        with self.lock:
+            self.ring.clear()
+
+    def body(self, after: int) -> dict:
+        with self.lock:
+            self.pulls += 1
+            windows = [w for w in self.ring if not isinstance(w.get("seq"), int) or w["seq"] > after]
+            return {"node": self.node, "az": self.az, "boot_id": self.boot_id, "windows": windows}
+
+
+class FakeAgentServer:
+    """Serves many FakeAgents over real HTTP on 127.0.0.1 from one background thread."""
+
+    def __init__(self, interval_s: float | None = None, port: int = 0) -> None:
+        self.agents: dict[str, FakeAgent] = {}
+        self.interval_s = interval_s  # None: windows only when the test calls emit()
+        self.port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._stop_ticker = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def add(self, key: str, agent: FakeAgent) -> str:
+        self.agents[key] = agent
+        return self.url(key)
+
+    def url(self, key: str) -> str:
+        """Agent KEY's base URL; the agent added with key "" answers at the root, like a real one."""
+        return f"http://127.0.0.1:{self.port}/a/{key}" if key else f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        agent = self.agents.get(request.match_info.get("key", ""))
+        if agent is None:
+            return web.json_response({"error": "no such agent"}, status=404)
+        if agent.delay_s:
+            await asyncio.sleep(agent.delay_s)
+        if agent.fail_status:
+            return web.Response(status=agent.fail_status, text="injected failure")
+        try:
+            after = int(request.query.get("after", "0"))
+        except ValueError:
+            return web.json_response({"error": "after: not an integer"}, status=400)
+        return web.Response(body=json.dumps(agent.body(after)).encode(), content_type="application/json")
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        app = web.Application()
+        app.router.add_get("/a/{key}/v1/windows", self._handle)
+        app.router.add_get("/v1/windows", self._handle)
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", self.port, backlog=4096)
+        loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner = runner
+        self._ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    def _tick(self) -> None:
+        assert self.interval_s
+        while not self._stop_ticker.wait(self.interval_s):
+            for agent in list(self.agents.values()):
+                if not agent.paused:
+                    agent.emit(interval_s=self.interval_s)
+
+    def start(self) -> "FakeAgentServer":
+        self._thread = threading.Thread(target=self._serve, name="fake-agents", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake agent server did not start")
+        if self.interval_s:
+            for agent in self.agents.values():
+                agent.emit(interval_s=self.interval_s)
+            self._ticker = threading.Thread(target=self._tick, name="fake-agent-ticker", daemon=True)
+            self._ticker.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop_ticker.set()
+        if self._ticker:
+            self._ticker.join(5)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread:
+            self._thread.join(10)
+
+    def __enter__(self) -> "FakeAgentServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def zone_agents(azs: list[str], per_az: int, *, sick: dict[str, PathSpec] | None = None,
+                attempts: int = 50) -> dict[str, FakeAgent]:
+    """`per_az` agents in each AZ, each with a path to every AZ; `sick[dst]` overrides a dst's spec."""
+    agents = {}
+    for az in azs:
+        for i in range(per_az):
+            paths = [(sick or {}).get(dst) or PathSpec(dst=dst, conn_attempts=attempts) for dst in azs]
+            agents[f"{az}-{i}"] = FakeAgent(f"node-{az}-{i}", az, paths)
+    return agents
+
+
+class _BulkAgents:
+    """The bench's cheap server: N agents, one pre-serialised window per (agent, seq)."""
+
+    def __init__(self, n: int, azs: list[str], interval_s: float, attempts: int) -> None:
+        self.interval_s = interval_s
+        self.started = time.time()
+        self.boot = uuid.uuid4().hex
+        self.azs = azs
+        self.n = n
+        templates = {}
+        for az in azs:
+            agent = FakeAgent("NODE", az, [PathSpec(dst=d, conn_attempts=attempts) for d in azs])
+            agent.boot_id = self.boot
+            templates[az] = json.dumps(agent.emit(end=1.0)).replace('"seq": 1', '"seq": %SEQ%') \
+                .replace('"start": 0.0, "end": 1.0', '"start": %START%, "end": %END%')
+        self.templates = templates
+        self.ring = 10
+
+    def body(self, key: int, after: int) -> bytes:
+        az = self.azs[key % len(self.azs)]
+        now_seq = int((time.time() - self.started) / self.interval_s) + 1
+        first = max(after + 1, now_seq - self.ring + 1, 1)
+        parts = []
+        template = self.templates[az].replace("NODE", f"n{key}")
+        for seq in range(first, now_seq + 1):
+            end = self.started + seq * self.interval_s
+            parts.append(template.replace("%SEQ%", str(seq)).replace("%START%", repr(end - self.interval_s))
+                         .replace("%END%", repr(end)))
+        return (f'{{"node": "n{key}", "az": "{az}", "boot_id": "{self.boot}", "windows": ['
+                + ", ".join(parts) + "]}").encode()
+
+
+class _BulkProtocol(asyncio.Protocol):
+    """A bare keep-alive HTTP/1.1 responder: aiohttp's server costs more CPU per request
+    than the controller under test at 5,000 requests a second on a 2-core box."""
+
+    bulk: _BulkAgents
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while b"\r\n\r\n" in self.buf:
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
+            path, _, query = target.partition("?")
+            parts = path.split("/")  # ["", "a", KEY, "v1", "windows"]
+            try:
+                key = int(parts[2])
+                after = int(query.partition("after=")[2].partition("&")[0] or 0)
+                body, status = self.bulk.body(key, after), b"200 OK"
+            except (IndexError, ValueError):
+                body, status = b'{"error": "bad request"}', b"400 Bad Request"
+            self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"  # type: ignore[attr-defined]
+                                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int) -> None:
+    _BulkProtocol.bulk = _BulkAgents(n, azs, interval_s, attempts)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_BulkProtocol, "127.0.0.1", 0, backlog=8192)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=5000)
+    parser.add_argument("--azs", default="az-a,az-b,az-c")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--attempts", type=int, default=50)
+    args = parser.parse_args()
+    try:
+        _serve_bulk(args.agents, args.azs.split(","), args.interval, args.attempts)
+    except KeyboardInterrupt:
+        sys.exit(0)

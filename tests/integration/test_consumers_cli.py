@@ -1,0 +1,247 @@
+"""`azprobe weights` and `azprobe envoy-eds` as an operator runs them, against devconsul."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from azprobe.consul import ConsulSettings, make_client
+from azprobe.devconsul.testing import DevConsul
+from tests.helpers import sample_weights_doc, wait_for
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
+    from envoy_data_plane.envoy.service.discovery.v3 import DiscoveryResponse
+
+AZPROBE = [sys.executable, "-m", "azprobe.cli"]
+KEY = "azprobe/v1/weights"
+
+
+def azprobe(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*AZPROBE, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def azprobe_in_process(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    """Run cli.main() in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from azprobe import cli
+
+    monkeypatch.setattr(sys, "argv", ["azprobe", *args])
+    capsys.readouterr()
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def put(dc, value: str | bytes, key: str = KEY) -> None:
+    assert make_client(ConsulSettings(address=dc.url)).kv.put(key, value) is True
+
+
+class Lines:
+    """A subprocess's stdout lines, readable with a deadline (no blocking readline)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.queue: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self.queue.put(line)
+
+    def next(self, timeout: float = 10) -> str:
+        return self.queue.get(timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def shared_consul(tmp_path_factory):
+    """One devconsul for the read-only CLI tests (each test writes its own keys)."""
+    with DevConsul(data_dir=tmp_path_factory.mktemp("devconsul")) as dc:
+        yield dc
+
+
+@pytest.fixture
+def spawn():
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([*AZPROBE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+# --- azprobe weights ---
+
+def test_table_and_json_of_fresh_weights(shared_consul):
+    devconsul = shared_consul
+    doc = sample_weights_doc(17)
+    put(devconsul, doc.dumps())
+    table = azprobe("weights", "--consul", devconsul.url)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "generation 17" in lines[1] and "leader ctl-test" in lines[1] and "state OK" in lines[1]
+    assert lines[2].split()[:3] == ["AZ", "SHARE", "WEIGHT"]
+    assert lines[3].split()[:3] == ["az-a", "85%", "1.000"]  # highest share first
+    assert lines[4].split()[:2] == ["az-b", "15%"] and "degraded" in lines[4]
+    as_json = azprobe("weights", "--json", env={"CONSUL_HTTP_ADDR": devconsul.url})
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == doc.to_json()
+
+
+def test_stale_weights_are_shown_as_stale(shared_consul):
+    put(shared_consul, sample_weights_doc(3, ttl_s=5, now=1_000_000_000.0).dumps(), key="stale/weights")
+    result = azprobe("weights", "--consul", shared_consul.url, "--prefix", "stale/")
+    assert result.returncode == 1
+    assert result.stdout.startswith("STALE: weights at stale/weights expired")
+    rows = result.stdout.splitlines()[3:]
+    assert rows and all(row.split()[7] == "STALE" for row in rows)
+    assert " ok " not in result.stdout and "state OK" not in result.stdout
+    as_json = azprobe("weights", "--json", "--consul", shared_consul.url, "--prefix", "stale/")
+    assert as_json.returncode == 1 and "STALE" in as_json.stderr
+
+
+def test_from_az_and_missing_key(shared_consul):
+    devconsul = shared_consul
+    put(devconsul, sample_weights_doc(2, source_az="az-b").dumps(), key=f"{KEY}/from/az-b")
+    result = azprobe("weights", "--consul", devconsul.url, "--from", "az-b")
+    assert result.returncode == 0 and "view from az-b" in result.stdout
+    missing = azprobe("weights", "--consul", devconsul.url, "--from", "az-q")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (f"azprobe: no weights at {KEY}/from/az-q in Consul at {devconsul.url} "
+                                      "(is the controller running? check --prefix / --from)")
+    assert azprobe("weights", "--consul", devconsul.url, "--prefix", "other/").returncode == 1
+
+
+INVALID_DOCS = [
+    ('{"schema": 1, "generation": 1', "not valid JSON"),
+    ('{"schema": 2}', "schema: unsupported version 2"),
+    (sample_weights_doc(1).dumps().replace('"share":85', '"share":-85'), "zones.az-a.share"),
+    (sample_weights_doc(1).dumps().replace('"health":0.3', '"health":NaN'), "NaN is not allowed"),
+    (sample_weights_doc(1).dumps().replace('"generation":1', '"generation":' + "9" * 30), "generation"),
+]
+
+
+def test_invalid_document_is_one_clear_line(shared_consul, capsys, monkeypatch):
+    for i, (raw, field) in enumerate(INVALID_DOCS):
+        key = f"invalid{i}/weights"
+        put(shared_consul, raw, key=key)
+        code, out, err = azprobe_in_process(capsys, monkeypatch, "weights", "--consul", shared_consul.url,
+                                            "--prefix", f"invalid{i}/")
+        assert code == 1 and out == "", field
+        assert err.startswith(f"azprobe: weights at {key} are invalid: "), err
+        assert field in err and err.count("\n") == 1, err
+
+
+def test_unreachable_consul_names_the_address_and_the_fix():
+    result = azprobe("weights", env={"CONSUL_HTTP_ADDR": "127.0.0.1:1"})
+    assert result.returncode == 1
+    assert result.stderr == ("azprobe: cannot reach Consul at http://127.0.0.1:1 while reading "
+                             f"'{KEY}' (pass --consul URL or set CONSUL_HTTP_ADDR)\n")
+    bad = azprobe("weights", "--consul", "ftp://x")
+    assert bad.returncode == 2 and "scheme must be http or https" in bad.stderr
+
+
+def test_watch_rerenders_on_change_and_ctrl_c_exits_0(devconsul, spawn):
+    put(devconsul, sample_weights_doc(1).dumps())
+    proc = spawn("weights", "--watch", "--json", "--consul", devconsul.url)
+    lines = Lines(proc)
+    assert json.loads(lines.next())["generation"] == 1
+    put(devconsul, sample_weights_doc(2, {"az-a": 30, "az-b": 70}).dumps())
+    second = json.loads(lines.next())
+    assert second["generation"] == 2 and second["zones"]["az-b"]["share"] == 70
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0
+
+
+# --- azprobe envoy-eds ---
+
+ENDPOINTS = {"az-a": ["198.18.1.10:8080"], "az-b": ["198.18.2.10:8080", "198.18.2.11:8080"], "az-c": ["198.18.3.10:8080"]}
+
+
+def eds_weights(path: Path) -> tuple[str, dict[str, int]]:
+    response = DiscoveryResponse.from_dict(json.loads(path.read_text()))
+    cla = ClusterLoadAssignment.parse(response.resources[0].value)
+    assert cla.cluster_name == "backend"
+    return response.version_info, {e.locality.zone: e.load_balancing_weight for e in cla.endpoints}
+
+
+def test_envoy_eds_once(shared_consul, tmp_path):
+    devconsul = shared_consul
+    endpoints = tmp_path / "endpoints.toml"
+    endpoints.write_text('az-a = ["198.18.1.10:8080"]\naz-b = ["198.18.2.10:8080"]\naz-c = ["198.18.3.10:8080"]\n')
+    put(devconsul, sample_weights_doc(4).dumps(), key="eds-once/weights")
+    out = tmp_path / "eds.json"
+    result = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
+                     "--consul", devconsul.url, "--prefix", "eds-once/")
+    assert result.returncode == 0, result.stderr
+    assert eds_weights(out) == ("4", {"az-a": 85, "az-b": 15, "az-c": 15})  # az-c: unknown -> smallest
+
+
+def test_envoy_eds_stale_weights_become_equal(shared_consul, tmp_path):
+    devconsul = shared_consul
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    put(devconsul, sample_weights_doc(4, ttl_s=1, now=1_000_000_000.0).dumps(), key="eds-stale/weights")
+    out = tmp_path / "eds.json"
+    result = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
+                     "--consul", devconsul.url, "--prefix", "eds-stale/")
+    assert result.returncode == 0 and "stale" in result.stderr
+    assert eds_weights(out) == ("equal", {"az-a": 1, "az-b": 1, "az-c": 1})
+
+
+BAD_ENDPOINTS = [
+    ('{"az-a": ["198.18.1.10"]}', "az-a[0]: '198.18.1.10' is not ip:port"),
+    ('{"az-a": ["db.internal:5432"]}', "az-a[0]: 'db.internal:5432': 'db.internal' is not an IP address"),
+    ('{"az-a": []}', "az-a: expected a non-empty list"),
+    ('{"az-a": ', "is not valid JSON"),
+]
+
+
+def test_envoy_eds_bad_endpoints_exit_2_naming_the_entry(tmp_path, capsys, monkeypatch):
+    for content, message in BAD_ENDPOINTS:
+        endpoints = tmp_path / "endpoints.json"
+        endpoints.write_text(content)
+        code, out, err = azprobe_in_process(capsys, monkeypatch, "envoy-eds", "--cluster", "backend",
+                                            "--endpoints", str(endpoints), "--out", str(tmp_path / "eds.json"),
+                                            "--consul", "http://127.0.0.1:1")
+        assert code == 2, message
+        assert message in err and err.count("\n") == 1, err
+        assert not (tmp_path / "eds.json").exists()
+
+
+def test_envoy_eds_watch_rewrites_on_kv_change(devconsul, tmp_path, spawn):
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    out = tmp_path / "eds.json"
+    put(devconsul, sample_weights_doc(1, {"az-a": 85, "az-b": 10, "az-c": 5}).dumps())
+    proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
+                 "--watch", "--consul", devconsul.url)
+    wait_for(lambda: out.exists() and eds_weights(out)[0] == "1", timeout=10, message="generation 1 rendered")
+    assert eds_weights(out)[1] == {"az-a": 85, "az-b": 10, "az-c": 5}
+    put(devconsul, "{ truncated")  # a bad document must not change the file...
+    put(devconsul, sample_weights_doc(2, {"az-a": 20, "az-b": 40, "az-c": 40}).dumps())
+    wait_for(lambda: eds_weights(out)[0] == "2", timeout=10, message="generation 2 rendered")
+    assert eds_weights(out)[1] == {"az-a": 20, "az-b": 40, "az-c": 40}
+    assert proc.poll() is None  # ...nor stop the watcher
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []

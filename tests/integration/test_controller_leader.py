@@ -1,0 +1,138 @@
+"""Leader election and fencing against a real devconsul: exactly one leader among two
+controller processes; SIGKILL the leader and the standby takes over once the lock is
+free, within lock-delay + 2 s; a deposed leader's write is rejected by the txn."""
+
+from __future__ import annotations
+
+import time
+
+import consul
+import pytest
+
+from azprobe.consul import ConsulSettings, make_client
+from azprobe.weights import ZoneWeights
+from controller.config import parse_config
+from controller.leader import LeaderElection
+from controller.main import Controller
+from controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
+from tests.controller_harness import ControllerProcess, leader_holder, read_weights
+from tests.fakeagent import FakeAgentServer, zone_agents
+from tests.helpers import wait_for
+
+LOCK_DELAY_S = 1.0
+SESSION_TTL_S = 10.0  # Consul's minimum; devconsul (like Consul) expires after 2 x TTL
+
+
+def _views(shares: dict[str, int]) -> dict[str, WeightsView]:
+    zones = {az: ZoneWeights(weight=1.0, share=s, health=1.0, success=1.0, p95_ms=1.0, util=0.1, samples=100,
+                             state="ok", reasons=("test",)) for az, s in shares.items()}
+    return {GLOBAL_VIEW: WeightsView(state="ok", zones=zones)}
+
+
+def _elector(client: consul.Consul, settings: ConsulSettings, name: str) -> LeaderElection:
+    return LeaderElection(client, settings, name=name, address="127.0.0.1:1", ttl_s=SESSION_TTL_S,
+                          lock_delay_s=LOCK_DELAY_S)
+
+
+def test_deposed_leader_write_is_rejected_by_the_txn(devconsul):
+    settings = ConsulSettings(address=devconsul.url)
+    client = make_client(settings)
+    old = _elector(client, settings, "old")
+    assert old.tick() is not None and old.is_leader
+    publisher = Publisher(client, settings, leader_name="old", model_name="default")
+    assert publisher.start_term() == 0
+    written = publisher.publish(old.session_id, _views({"az-a": 50, "az-b": 50}))
+    assert written is not None and written.generation == 1
+
+    # The old leader's session dies behind its back (expiry, operator, partition)...
+    assert client.session.destroy(old.session_id)
+    new = _elector(client, settings, "new")
+    wait_for(lambda: new.tick() is not None and new.is_leader, timeout=LOCK_DELAY_S + 5,
+             message="new leader after the lock-delay")
+    successor = Publisher(client, settings, leader_name="new", model_name="default")
+    assert successor.start_term() == 1  # continues above the generation in KV
+    assert successor.publish(new.session_id, _views({"az-a": 70, "az-b": 30})).generation == 2
+
+    # ... and its next write, still believing it leads, is rolled back as a whole.
+    with pytest.raises(Fenced) as exc:
+        publisher.publish(old.session_id, _views({"az-a": 10, "az-b": 90}), force=True)
+    assert exc.value.conflict.errors and exc.value.conflict.errors[0]["OpIndex"] == 0
+    assert publisher.counters.conflicts == 1
+    doc = read_weights(client)
+    assert doc.leader == "new" and doc.generation == 2 and doc.zones["az-a"].share == 70
+    # A live session that never held the lock is fenced just the same.
+    intruder = client.session.create(ttl=10)
+    with pytest.raises(Fenced):
+        publisher.publish(intruder, _views({"az-a": 1, "az-b": 99}), force=True)
+    assert read_weights(client).generation == 2
+
+
+def test_controller_steps_down_on_409(devconsul, caplog):
+    """The daemon's Consul round: a fenced write (409) makes it a standby at once."""
+    config = parse_config({"controller": {"name": "ctl", "listen": "127.0.0.1:9", "lock_delay_s": LOCK_DELAY_S},
+                           "consul": {"address": devconsul.url}, "agents": {"static": ["http://127.0.0.1:9"]}})
+    ctl = Controller(config)
+    client = ctl.client
+    ctl.latest_views = _views({"az-a": 60, "az-b": 40})
+    ctl.consul_tick()
+    assert ctl.election.is_leader and read_weights(client).generation == 1
+    # Someone removes the lock key: our session is alive but no longer holds the lock.
+    client.kv.delete("azprobe/v1/leader")
+    ctl.latest_views = _views({"az-a": 30, "az-b": 70})
+    with caplog.at_level("INFO"):
+        ctl.consul_tick()
+    assert not ctl.election.is_leader
+    assert ctl.publisher.counters.conflicts == 1
+    assert read_weights(client).zones["az-a"].share == 60  # the rejected write left nothing behind
+    assert any("stepped down" in r.getMessage() and "409" in r.getMessage() for r in caplog.records)
+    assert ctl.metrics.leader._value.get() == 0
+    # Next round it may take the free lock again, and continues above the last generation.
+    ctl.consul_tick()
+    assert ctl.election.is_leader
+    doc = read_weights(client)
+    assert doc.zones["az-a"].share == 30 and doc.generation > 1
+    ctl.election.release()
+
+
+@pytest.mark.slow
+def test_two_controllers_one_leader_and_failover_after_sigkill(devconsul, tmp_path):
+    client = consul.Consul(host=devconsul.host, port=devconsul.port)
+    server = FakeAgentServer(interval_s=0.2)
+    for key, agent in zone_agents(["az-a", "az-b"], 2).items():
+        server.add(key, agent)
+    with server:
+        urls = [server.url(k) for k in server.agents]
+        with ControllerProcess.make(tmp_path, "ctl-1", devconsul.url, urls, lock_delay_s=LOCK_DELAY_S) as one, \
+                ControllerProcess.make(tmp_path, "ctl-2", devconsul.url, urls, lock_delay_s=LOCK_DELAY_S) as two:
+            procs = {"ctl-1": one, "ctl-2": two}
+            holder = wait_for(lambda: leader_holder(client), timeout=15, message="a leader")
+            leader, standby = procs[holder["name"]], procs["ctl-1" if holder["name"] == "ctl-2" else "ctl-2"]
+            wait_for(lambda: (d := read_weights(client)) is not None and d.leader == leader.name, timeout=15,
+                     message="the leader writes")
+            # Exactly one leader: both processes agree, and both are pulling agents (warm standby).
+            wait_for(lambda: standby.healthz() is not None and leader.healthz() is not None, timeout=10,
+                     message="both healthy")
+            assert leader.healthz()["leader"] is True and standby.healthz()["leader"] is False
+            assert leader.metric("azprobe_controller_leader") == 1 and standby.metric("azprobe_controller_leader") == 0
+            assert standby.metric("azprobe_controller_collect_windows_ingested_total") > 0
+            before = read_weights(client).generation
+
+            killed_at = time.monotonic()
+            leader.kill()
+            # The dead leader's session lives until Consul expires it (2 x TTL without a
+            # renew); until then the lock is held and nobody else may write.
+            wait_for(lambda: leader_holder(client) is None or leader_holder(client)["name"] != leader.name,
+                     timeout=2 * SESSION_TTL_S + 10, interval=0.02, message="the dead leader's lock freed")
+            freed_at = time.monotonic()
+            assert read_weights(client).leader == leader.name  # fenced: no write while it was held
+            doc = wait_for(lambda: (d := read_weights(client)) is not None and d.leader == standby.name and d,
+                           timeout=LOCK_DELAY_S + 10, interval=0.02, message="the standby writes")
+            written_at = time.monotonic()
+            assert doc.generation > before
+            print(f"failover: lock freed {freed_at - killed_at:.2f}s after SIGKILL, standby wrote "
+                  f"{written_at - freed_at:.2f}s after that (lock-delay {LOCK_DELAY_S}s)")
+            assert written_at - freed_at <= LOCK_DELAY_S + 2.0, \
+                f"took {written_at - freed_at:.2f}s after the lock was freed (lock-delay {LOCK_DELAY_S}s + 2s)"
+            assert written_at - killed_at <= 2 * SESSION_TTL_S + LOCK_DELAY_S + 2.0
+            assert standby.healthz()["leader"] is True
+            assert "became leader" in standby.log()

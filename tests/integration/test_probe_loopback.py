@@ -1,0 +1,299 @@
+"""The real probe on the real kernel, driven by loopback TCP in the root namespace.
+
+Topology az-a = 127.0.0.2, az-b = 127.0.0.3, az-c = 127.0.0.4 (the agent is in az-a): no
+other test on this box uses those addresses, so exact counts on these paths are ours.
+Tracepoints are global, so other traffic shows up too, but only on other paths.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+
+import pytest
+
+from agent.testing import latest_seq, path_histogram, path_total, running_agent
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.kernel
+
+A, B, C, D = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"
+CONFIG = f"""
+[node]
+name = "loopback"
+az = "az-a"
+[agent]
+interval_s = 0.2
+[topology]
+az-a = ["{A}/32"]
+az-b = ["{B}/32"]
+az-c = ["{C}/32"]
+"""
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("agent") / "agent.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def agent(config_file):
+    with running_agent(config_file) as a:
+        wait_for(lambda: latest_seq(a) >= 1, timeout=5, message="first window")
+        yield a
+
+
+TCPI_TOTAL_RETRANS = slice(100, 104)  # struct tcp_info.tcpi_total_retrans
+
+
+def _connect(dst: str, port: int, *, family: int = socket.AF_INET, syncnt: int | None = None,
+             timeout: float = 5.0, payload: bytes = b"", info: dict | None = None) -> str:
+    """One connect from az-a's address; returns "ok", "refused" or "timeout". `info` gets
+    the kernel's own retransmit count for the socket (TCP_INFO)."""
+    if family == socket.AF_INET6:  # an IPv6 socket talking to v4-mapped addresses
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        s.bind(("::ffff:" + A, 0))
+        target = ("::ffff:" + dst, port)
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((A, 0))
+        target = (dst, port)
+    with s:
+        if syncnt is not None:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT, syncnt)
+        s.settimeout(timeout)
+        try:
+            s.connect(target)
+        except ConnectionRefusedError:
+            return "refused"
+        except (TimeoutError, socket.timeout):
+            if info is not None:
+                raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                info["total_retrans"] = int.from_bytes(raw[TCPI_TOTAL_RETRANS], "little")
+            return "timeout"
+        if payload:
+            s.sendall(payload)
+            assert s.recv(len(payload)) == payload
+        return "ok"
+
+
+class EchoServer:
+    """Echoes whatever arrives, one connection at a time (plenty for these tests)."""
+
+    def __init__(self, host: str) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def _closed_port(host: str) -> int:
+    s = socket.socket()
+    s.bind((host, 0))
+    port = s.getsockname()[1]
+    s.close()  # bound but never listening: the kernel answers SYNs with RST
+    return port
+
+
+def _settle(agent, after: int, src: str, dst: str, field: str, want: int) -> int:
+    """Wait for the count to reach `want`, then one more window so late extras show."""
+    wait_for(lambda: path_total(agent, after, src, dst, field) >= want, timeout=10,
+             message=f"{field} on {src}->{dst} >= {want}")
+    seq = latest_seq(agent)
+    wait_for(lambda: latest_seq(agent) > seq, timeout=5, message="one more window")
+    return path_total(agent, after, src, dst, field)
+
+
+def test_connects_and_rtt_on_the_right_path(agent):
+    server = EchoServer(B)
+    try:
+        start = latest_seq(agent)
+        outcomes = [_connect(B, server.port, payload=b"x" * 2000) for _ in range(20)]
+        assert outcomes == ["ok"] * 20
+        assert _settle(agent, start, "az-a", "az-b", "conn_ok", 20) == 20
+        assert path_total(agent, start, "az-a", "az-b", "conn_attempts") == 20
+        assert path_total(agent, start, "az-a", "az-b", "conn_refused") == 0
+        assert path_total(agent, start, "az-a", "az-b", "conn_timeout") == 0
+        connect = path_histogram(agent, start, "az-a", "az-b", "connect_us")
+        assert connect.total == 20
+        assert 0 < connect.quantile(0.5) < 100_000  # loopback connects take µs, not 100 ms
+        rtt = path_histogram(agent, start, "az-a", "az-b", "rtt_us")
+        assert rtt.total >= 20  # every client socket received the echo
+        assert rtt.quantile(0.95) < 100_000
+        # nothing of this landed on az-c
+        assert path_total(agent, start, "az-a", "az-c", "conn_attempts") == 0
+        assert path_histogram(agent, start, "az-a", "az-c", "rtt_us").total == 0
+    finally:
+        server.close()
+
+
+def test_refusals_counted_on_their_path_with_events(agent):
+    port = _closed_port(C)
+    start = latest_seq(agent)
+    events_before = max((e["id"] for e in agent.events_doc(0)["events"]), default=0)
+    assert [_connect(C, port) for _ in range(5)] == ["refused"] * 5
+    assert _settle(agent, start, "az-a", "az-c", "conn_refused", 5) == 5
+    assert path_total(agent, start, "az-a", "az-c", "conn_attempts") == 5
+    assert path_total(agent, start, "az-a", "az-c", "conn_timeout") == 0
+    assert path_total(agent, start, "az-a", "az-c", "conn_ok") == 0
+    assert path_total(agent, start, "az-a", "az-b", "conn_refused") == 0
+    events = [e for e in agent.events_doc(events_before)["events"] if e["daddr"] == C]
+    assert [(e["kind"], e["src"], e["dst"], e["dport"]) for e in events] == [("conn_refused", "az-a", "az-c", port)] * 5
+
+
+def test_ipv6_sockets_attribute_like_ipv4(agent):
+    # AF_INET6 sockets on v4-mapped addresses take the tracepoints' IPv6 field layout.
+    server = EchoServer(B)
+    port = _closed_port(C)
+    try:
+        start = latest_seq(agent)
+        assert [_connect(B, server.port, family=socket.AF_INET6, payload=b"y" * 100) for _ in range(3)] == ["ok"] * 3
+        assert [_connect(C, port, family=socket.AF_INET6) for _ in range(2)] == ["refused"] * 2
+        assert _settle(agent, start, "az-a", "az-b", "conn_ok", 3) == 3
+        assert path_total(agent, start, "az-a", "az-c", "conn_refused") == 2
+        assert path_histogram(agent, start, "az-a", "az-b", "rtt_us").total >= 3
+    finally:
+        server.close()
+
+
+def test_syn_timeout_counts_retransmit_and_timeout_not_rto(agent):
+    # A listener whose accept queue is full drops SYNs: a real unanswered connect.
+    listener = socket.socket()
+    listener.bind((C, 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection((C, port), timeout=5, source_address=(A, 0))
+    try:
+        start = latest_seq(agent)
+        # TCP_SYNCNT=1 bounds the connect at ~3 s; with 6.18's linear 1 s SYN timeouts
+        # that is 2 retransmits, which the kernel reports per socket in TCP_INFO.
+        info: dict = {}
+        assert _connect(C, port, syncnt=1, timeout=10, info=info) == "timeout"
+        assert info["total_retrans"] >= 1
+        assert _settle(agent, start, "az-a", "az-c", "conn_timeout", 1) == 1
+        assert path_total(agent, start, "az-a", "az-c", "syn_retrans") == info["total_retrans"]
+        assert path_total(agent, start, "az-a", "az-c", "retrans") == info["total_retrans"]
+        assert path_total(agent, start, "az-a", "az-c", "rto") == 0  # SYN timeouts are not data RTOs
+        assert path_total(agent, start, "az-a", "az-c", "conn_refused") == 0
+        totals = agent.path_totals()[("az-a", "az-c")]
+        assert totals["syn_rto"] >= 1
+    finally:
+        filler.close()
+        listener.close()
+
+
+def test_http_windows_metrics_healthz(agent):
+    url = agent.url
+    doc = json.load(urllib.request.urlopen(f"{url}/v1/windows?after=0", timeout=5))
+    assert (doc["node"], doc["az"], doc["boot_id"]) == ("loopback", "az-a", agent.boot_id)
+    seqs = [w["seq"] for w in doc["windows"]]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[0] >= 1
+    middle = seqs[len(seqs) // 2]
+    later = json.load(urllib.request.urlopen(f"{url}/v1/windows?after={middle}", timeout=5))["windows"]
+    assert [w["seq"] for w in later][: len(seqs) - seqs.index(middle) - 1] == seqs[seqs.index(middle) + 1:]
+    assert all(w["seq"] > middle for w in later)
+    with urllib.request.urlopen(f"{url}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+    metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    assert 'azprobe_path_conn_refused_total{dst="az-c",src="az-a"}' in metrics
+    assert 'azprobe_events_total{kind="conn_refused"}' in metrics
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(f"{url}/v1/windows?after=x", timeout=5)
+    assert exc.value.code == 400
+
+
+def test_reload_refills_topology_and_keeps_ids(agent, config_file):
+    port = _closed_port(D)
+    ids_before = agent.registry.names
+    try:
+        config_file.write_text(CONFIG + f'az-d = ["{D}/32"]\n')
+        assert agent.reload()
+        assert {k: v for k, v in agent.registry.names.items() if k in ids_before} == ids_before
+        start = latest_seq(agent)
+        assert _connect(D, port) == "refused"
+        assert _settle(agent, start, "az-a", "az-d", "conn_refused", 1) == 1
+        # A broken file keeps the old topology.
+        config_file.write_text(CONFIG + 'az-d = ["127.0.0.5/33"]\n')
+        assert not agent.reload()
+        start = latest_seq(agent)
+        assert _connect(D, port) == "refused"
+        assert _settle(agent, start, "az-a", "az-d", "conn_refused", 1) == 1
+    finally:
+        config_file.write_text(CONFIG)
+        assert agent.reload()
+    start = latest_seq(agent)
+    assert _connect(D, port) == "refused"
+    assert _settle(agent, start, "az-a", "other", "conn_refused", 1) >= 1
+    assert path_total(agent, start, "az-a", "az-d", "conn_refused") == 0
+
+
+def test_top_and_trace_read_the_agent(agent):
+    import subprocess
+    import sys
+
+    port = _closed_port(C)
+    start = latest_seq(agent)
+    trace = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "trace", "--agent", agent.url, "--json",
+                              "--duration", "30", "--poll", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        # trace starts from "now": keep making refusals until it prints one
+        lines: list[str] = []
+
+        def traced() -> bool:
+            assert _connect(C, port) == "refused"
+            return trace.poll() is None and _read_line_with(trace, lines, C)
+        wait_for(traced, timeout=15, interval=0.2, message="trace printing a refusal")
+    finally:
+        trace.terminate()
+        trace.wait(timeout=5)
+    event = json.loads(next(line for line in lines if C in line))
+    assert (event["kind"], event["src"], event["dst"], event["dport"]) == ("conn_refused", "az-a", "az-c", port)
+
+    top = subprocess.run([sys.executable, "-m", "azprobe.cli", "top", "--agent", agent.url, "--once", "--json",
+                          "--windows", "300"], capture_output=True, text=True, timeout=30)
+    assert top.returncode == 0, top.stderr
+    doc = json.loads(top.stdout)
+    assert doc["boot_id"] == agent.boot_id
+    row = next(p for p in doc["paths"] if (p["src"], p["dst"]) == ("az-a", "az-c"))
+    assert row["failure_pct"] > 0 and row["conn_attempts"] >= 1
+    table = subprocess.run([sys.executable, "-m", "azprobe.cli", "top", "--agent", agent.url, "--once"],
+                           capture_output=True, text=True, timeout=30)
+    assert table.returncode == 0 and "P95 RTT ms" in table.stdout
+    down = subprocess.run([sys.executable, "-m", "azprobe.cli", "top", "--agent", "http://127.0.0.1:1", "--once"],
+                          capture_output=True, text=True, timeout=30)
+    assert down.returncode == 1 and "is `azprobe agent` running there?" in down.stderr
+
+
+def _read_line_with(proc, lines: list[str], needle: str) -> bool:
+    import select
+
+    while select.select([proc.stdout], [], [], 0.05)[0]:
+        line = proc.stdout.readline()
+        if not line:
+            return False
+        lines.append(line)
+        if needle in line:
+            return True
+    return False

@@ -1,0 +1,52 @@
+"""The BPF bucket arithmetic (bpf/azprobe.h) compiled natively must equal sketch.bucket_index."""
+
+import random
+import shutil
+import subprocess
+
+import pytest
+
+import bpf
+from azprobe.sketch import MAX_VALUE_BITS, NUM_BUCKETS, bucket_index
+
+PROGRAM = r"""
+#include <stdio.h>
+#include <stdint.h>
+typedef uint8_t u8; typedef uint16_t u16; typedef uint32_t u32; typedef uint64_t u64;
+#include "azprobe.h"
+int main(void) {
+    unsigned long long v;
+    while (scanf("%llu", &v) == 1) printf("%u\n", azp_bucket_index(v));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def bucket_binary(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("bucket")
+    (d / "main.c").write_text(PROGRAM)
+    subprocess.run([cc, "-O2", f"-I{bpf.source_dir()}", "-o", str(d / "bucket"), str(d / "main.c")], check=True)
+    return d / "bucket"
+
+
+def test_c_bucket_index_equals_python(bucket_binary):
+    rng = random.Random(7)
+    values = list(range(0, 4096)) + [(1 << b) + d for b in range(4, 40) for d in (-1, 0, 1)]
+    values += [rng.randrange(0, 1 << 40) for _ in range(5000)] + [2**64 - 1]
+    values = [v for v in values if v >= 0]
+    out = subprocess.run([str(bucket_binary)], input="\n".join(map(str, values)) + "\n",
+                         capture_output=True, text=True, check=True).stdout.split()
+    got = [int(x) for x in out]
+    want = [bucket_index(v) for v in values]
+    assert got == want
+    assert max(got) == bucket_index((1 << MAX_VALUE_BITS) - 1) < NUM_BUCKETS
+
+
+def test_header_constants_match_sketch():
+    assert bpf.constant("NUM_BUCKETS") == NUM_BUCKETS
+    assert bpf.constant("MAX_VALUE_BITS") == MAX_VALUE_BITS
+    assert bpf.constant("MAX_PATHS") == bpf.constant("MAX_AZ") ** 2

@@ -1,0 +1,50 @@
+import ipaddress
+
+import pytest
+
+from agent.config import load_agent_config, parse_agent_config
+from agent.lpm import AzRegistry, address_key, trie_entries
+from azprobe.errors import ConfigError
+
+GOOD = {"node": {"name": "n1", "az": "az-a"}, "agent": {"listen": "127.0.0.1:9999", "interval_s": 0.5},
+        "topology": {"az-a": ["198.18.1.0/24", "2001:2:0:1::/64"], "az-b": ["198.18.2.0/24"]}}
+
+
+def test_good_config_and_defaults(tmp_path):
+    cfg = parse_agent_config(GOOD)
+    assert (cfg.node, cfg.az, cfg.listen, cfg.interval_s, cfg.ring_size) == ("n1", "az-a", ("127.0.0.1", 9999), 0.5, 300)
+    f = tmp_path / "a.toml"
+    f.write_text('[node]\naz = "az-b"\n[topology]\naz-b = ["10.0.0.0/8"]\n')
+    cfg = load_agent_config(f)
+    assert cfg.listen == ("0.0.0.0", 9740) and cfg.node
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({**GOOD, "extra": {}}, "extra"),
+    ({**GOOD, "agent": {"intervl_s": 1}}, "agent.intervl_s"),
+    ({**GOOD, "agent": {"interval_s": 0}}, "agent.interval_s"),
+    ({**GOOD, "node": {"name": "n"}}, "node.az"),
+    ({**GOOD, "node": {"az": "az-z"}}, "node.az"),
+    ({**GOOD, "topology": {"az-a": ["198.18.1.0/33"]}}, "topology.az-a"),
+    ({**GOOD, "topology": {"az-a": ["198.18.0.0/16"], "az-b": ["198.18.1.0/24"]}}, "topology.az-b"),
+    ({**GOOD, "topology": {}}, "topology"),
+])
+def test_bad_config_names_the_field(doc, field):
+    with pytest.raises(ConfigError) as exc:
+        parse_agent_config(doc)
+    assert exc.value.field == field
+    assert exc.value.exit_code == 2
+
+
+def test_v4_maps_into_v6_and_ids_are_stable():
+    reg = AzRegistry(max_az=4)
+    assert reg.assign(["az-b", "az-a"]) == {"az-b": 2, "az-a": 1}
+    assert reg.assign(["az-c", "az-a"]) == {"az-c": 3, "az-a": 1}  # az-b retired, not reused
+    assert reg.name_of(0) == "other" and reg.name_of(2) == "az-b"
+    with pytest.raises(ConfigError, match="more than 3 AZs"):
+        reg.assign(["az-d"])
+    topo = {"az-a": [ipaddress.ip_network("198.18.1.0/24"), ipaddress.ip_network("2001:2::/64")]}
+    entries = trie_entries(topo, {"az-a": 1})
+    assert [(e.prefixlen, e.addr.hex()) for e in entries] == [
+        (120, "00000000000000000000ffffc6120100"), (64, "20010002000000000000000000000000")]
+    assert address_key(ipaddress.ip_address("1.2.3.4")) == bytes(10) + b"\xff\xff\x01\x02\x03\x04"

@@ -1,0 +1,187 @@
+"""Collector cursor logic on response bodies (no HTTP): restarts, gaps, duplicates, garbage."""
+
+from __future__ import annotations
+
+from controller.collect import AgentCursor, AgentState, AgentTarget, Collector, WindowStore
+from tests.fakeagent import FakeAgent, PathSpec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(horizon: float = 5.0):
+    clock = Clock()
+    collector = Collector(evaluation_window_s=horizon, pull_timeout_s=0.5, stale_after_s=3.0, clock=clock)
+    collector.set_targets([AgentTarget("http://agent-1")])
+    agent = FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=10)])
+    return collector, collector.cursors["http://agent-1"], agent, clock
+
+
+def total_attempts(collector: Collector) -> int:
+    return sum(p.conn_attempts for w in collector.store.windows() for p in w.paths)
+
+
+def test_pulls_are_idempotent_and_duplicates_ignored():
+    collector, cursor, agent, clock = make()
+    for i in range(3):
+        agent.emit(end=100.0 + i)
+    assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 3
+    # The same windows again (as if `after` were ignored): nothing new is stored.
+    assert collector.ingest(cursor, agent.body(0), clock()) == 0
+    assert collector.counters.windows_duplicate == 3
+    assert total_attempts(collector) == 30
+    assert cursor.last_seq == 3
+
+
+def test_restart_resets_cursor_without_double_counting():
+    collector, cursor, agent, clock = make()
+    for i in range(4):
+        agent.emit(end=100.0 + i)
+    collector.ingest(cursor, agent.body(0), clock())
+    old_boot = cursor.boot_id
+    agent.restart()
+    agent.emit(end=104.0)  # new boot, seq 1 again
+    body = agent.body(cursor.last_seq)  # after=4: the new boot's seq 1 is hidden
+    assert body["windows"] == []
+    assert collector.needs_repull(cursor, body)
+    collector.ingest(cursor, body, clock())
+    assert cursor.boot_id != old_boot and cursor.last_seq == 0
+    assert collector.counters.agent_restarts == 1
+    assert collector.ingest(cursor, agent.body(0), clock()) == 1
+    assert total_attempts(collector) == 50  # 4 old + 1 new window, each counted once
+    assert collector.ingest(cursor, agent.body(0), clock()) == 0
+
+
+def test_gap_counted_and_rest_taken():
+    collector, cursor, agent, clock = make()
+    agent.emit(end=100.0)
+    collector.ingest(cursor, agent.body(0), clock())
+    for i in range(5):
+        agent.emit(end=101.0 + i)
+    agent.ring.popleft()
+    agent.ring.popleft()  # seqs 2, 3 fell off the ring: not read
+    agent.ring.popleft()
+    collector.ingest(cursor, agent.body(cursor.last_seq), clock())
+    assert collector.counters.gap_events == 1
+    assert collector.counters.gap_windows == 2  # seq 2 and 3
+    assert cursor.last_seq == 6
+
+
+def test_first_contact_takes_ring_without_gap_and_skips_old_backlog():
+    collector, cursor, agent, clock = make(horizon=5.0)
+    for i in range(30):
+        agent.emit(end=100.0 + i)
+    for _ in range(10):
+        agent.ring.popleft()  # ring starts at seq 11
+    stored = collector.ingest(cursor, agent.body(0), clock())
+    assert collector.counters.gap_events == 0
+    # Only windows within the evaluation window (by the agent's own clock) are stored.
+    assert stored == 6 and collector.counters.windows_too_old == 14
+    assert cursor.last_seq == 30
+
+
+def test_garbage_counted_and_skipped():
+    collector, cursor, agent, clock = make()
+    agent.emit(end=100.0)  # seq 1: good
+    bad = dict(agent.emit(end=101.0))  # seq 2: negative counter
+    agent.ring.pop()
+    bad["paths"] = [{"src": "az-a", "dst": "az-b", "conn_ok": -5}]
+    agent.push_raw(bad)
+    no_seq = {"schema": 1, "hello": "world"}
+    agent.push_raw(no_seq)
+    foreign = {**agent.emit(end=102.0), "boot_id": "someone-else"}  # seq 3: wrong boot
+    agent.ring.pop()
+    agent.push_raw(foreign)
+    agent.emit(end=103.0)  # seq 4: good
+    stored = collector.ingest(cursor, agent.body(0), clock())
+    assert collector.counters.windows_garbage == 3
+    assert stored == 2 and [w.seq for w in collector.store.windows()] == [1, 4]
+    agent.ring.remove(no_seq)
+    collector.ingest(cursor, agent.body(cursor.last_seq), clock())
+    collector.ingest(cursor, agent.body(1), clock())  # re-read from seq 1 (as if `after` were ignored)
+    assert collector.counters.windows_garbage == 3  # seqs already read are duplicates, never re-parsed
+    assert [w.seq for w in collector.store.windows()] == [1, 4]
+
+
+def test_malformed_response_raises():
+    collector, cursor, _, clock = make()
+    for body in ({}, {"boot_id": "x"}, {"boot_id": "", "windows": []}, [], "nope"):
+        try:
+            collector.ingest(cursor, body, clock())
+        except ValueError:
+            continue
+        raise AssertionError(f"{body!r} accepted")
+
+
+def test_store_prunes_by_horizon_and_agent_states():
+    collector, cursor, agent, clock = make(horizon=5.0)
+    agent.emit(end=100.0)
+    collector.ingest(cursor, agent.body(0), clock())
+    cursor.last_ok = clock()
+    assert cursor.state(clock(), 3.0) is AgentState.UP
+    clock.now += 4.0
+    assert cursor.state(clock(), 3.0) is AgentState.STALE
+    collector.store.prune(clock())
+    assert len(collector.store) == 1
+    clock.now += 1.5
+    collector.store.prune(clock())
+    assert len(collector.store) == 0
+    cursor.failures = 1
+    assert cursor.state(clock(), 3.0) is AgentState.FAILING
+
+
+def test_store_keeps_order_for_out_of_order_arrivals():
+    store = WindowStore(5.0)
+    agent = FakeAgent("n", "az-a", [])
+    from azprobe.window import parse_window
+
+    w1, w2 = parse_window(agent.emit(end=1.0)), parse_window(agent.emit(end=2.0))
+    assert store.add("a", w2, 10.0) and store.add("a", w1, 8.0)
+    assert not store.add("a", w1, 9.0)
+    store.prune(13.5)  # cutoff 8.5: w1 goes, w2 stays
+    assert [w.seq for w in store.windows()] == [2]
+    assert AgentCursor(AgentTarget("x")).state(0.0, 1.0) is AgentState.FAILING
+
+
+def test_garbage_between_good_windows_is_not_a_gap():
+    collector, cursor, agent, clock = make()
+    agent.emit(end=100.0)
+    agent.push_raw({"schema": 1, "seq": agent.next_seq()})
+    agent.emit(end=102.0)
+    collector.ingest(cursor, agent.body(0), clock())
+    assert collector.counters.windows_garbage == 1 and collector.counters.gap_events == 0
+
+
+def test_slot_compaction_merges_exactly_like_the_raw_windows():
+    """merge_input() pre-combines windows per (slot, AZ); the merge must not notice."""
+    from controller.merge import merge_windows
+
+    store = WindowStore(5.0, slot_s=1.0)
+    agents = [FakeAgent(f"n{i}", az, [PathSpec(dst="az-a", conn_attempts=10 + i, failures=i % 3, rtt_ms=5 + i),
+                                      PathSpec(dst="az-b", conn_attempts=7, syn_retrans=i, rtt_ms=40 + 3 * i)],
+                        cpu=0.1 * (i % 7), mem=0.05 * i)
+              for i, az in enumerate(["az-a", "az-a", "az-b", "az-b", "az-b"])]
+    for second in range(5):
+        for i, agent in enumerate(agents):
+            from azprobe.window import parse_window
+
+            store.add(agent.node, parse_window(agent.emit(end=100.0 + second)), 1000.0 + second + 0.01 * i)
+    raw = merge_windows(store.windows(), now=1e9, evaluation_window_s=1e10)
+    compact = merge_windows(store.merge_input(), now=1e9, evaluation_window_s=1e10)
+    assert len(store.merge_input()) == 10 and len(store.windows()) == 25
+    assert raw.zones.keys() == compact.zones.keys() and raw.by_source.keys() == compact.by_source.keys()
+    for az in raw.zones:
+        a, b = raw.zones[az], compact.zones[az]
+        assert (a.success, a.p95_ms, a.samples, a.syn_retrans_per_conn) == (b.success, b.p95_ms, b.samples,
+                                                                           b.syn_retrans_per_conn)
+        assert abs(a.util - b.util) < 1e-9
+    for key, agg in raw.paths.items():
+        assert compact.paths[key].rtt_us.counts == agg.rtt_us.counts
+        assert compact.paths[key].conn_timeout == agg.conn_timeout
+    store.prune(1000.0 + 4 + 5.0 - 0.5)  # cutoff 1003.5: slots 1000..1002 leave, 1003 stays
+    assert sorted({w.seq for w in store.merge_input()}) == [1003, 1004]

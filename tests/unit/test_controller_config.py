@@ -1,0 +1,61 @@
+"""Controller config (CONTRACTS.md): defaults, and one-line errors naming the field, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from azprobe.errors import ConfigError
+from controller.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}}
+
+
+def test_defaults_follow_the_contract(monkeypatch):
+    monkeypatch.delenv("CONSUL_HTTP_ADDR", raising=False)
+    config = parse_config(MINIMAL)
+    c = config.controller
+    assert (c.interval_s, c.evaluation_window_s, c.listen) == (1.0, 5.0, ("127.0.0.1", 9741))
+    assert (c.session_ttl_s, c.lock_delay_s) == (10.0, 15.0)
+    assert config.agents.pull_timeout_s == 0.5 and config.agents.discover == ""
+    assert config.consul.prefix == "azprobe/v1/" and config.consul.address == "http://127.0.0.1:8500"
+    s = config.safety
+    assert (s.min_samples, s.stale_after_s, s.equal_after_s, s.max_drained_zones) == (20, 10.0, 60.0, 1)
+    assert config.heartbeat_s == 30.0 and config.model.name == "default"
+
+
+@pytest.mark.parametrize("data, field", [
+    ({**MINIMAL, "controller": {"intervl_s": 1}}, "controller.intervl_s"),
+    ({**MINIMAL, "controller": {"session_ttl_s": 5}}, "controller.session_ttl_s"),
+    ({**MINIMAL, "controller": {"listen": "nope"}}, "controller.listen"),
+    ({**MINIMAL, "controller": {"interval_s": 2, "evaluation_window_s": 1}}, "controller.evaluation_window_s"),
+    ({"agents": {"static": ["ftp://x"]}}, "agents.static"),
+    ({"agents": {}}, "agents.static"),
+    ({"agents": {"discover": "dns"}}, "agents.discover"),
+    ({**MINIMAL, "safety": {"heartbeat_s": "often"}}, "safety.heartbeat_s"),
+    ({**MINIMAL, "safety": {"stale_after_s": 30, "equal_after_s": 10}}, "safety.equal_after_s"),
+    ({**MINIMAL, "safety": {"min_sampels": 3}}, "safety.min_sampels"),
+    ({**MINIMAL, "model": {"name": "magic"}}, "model.name"),
+    ({**MINIMAL, "model": {"name": "default", "default": {"w_failure": 2.0}}}, "model.default.w_failure"),
+    ({**MINIMAL, "model": {"temperature": 1}}, "model.temperature"),
+    ({**MINIMAL, "consul": {"adress": "x"}}, "consul.adress"),
+    ({**MINIMAL, "extra": {}}, "extra"),
+])
+def test_bad_fields_are_named(data, field):
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == field and exc.value.exit_code == 2
+
+
+def test_cli_exits_2_with_one_line(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[agents]\nstatic = ["http://198.18.1.2:9740"]\n[safety]\nstale_after_s = -1\n')
+    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+    assert out.stderr.startswith("azprobe: safety.stale_after_s:")

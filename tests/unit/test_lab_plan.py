@@ -1,0 +1,114 @@
+"""The lab's address plan, agent config and nft scripts: pure logic, no kernel."""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import tomllib
+
+import pytest
+
+from azprobe.config import Section, parse_topology
+from azprobe.errors import ConfigError
+from azprobe.lab.agentconfig import render_agent_config
+from azprobe.lab.faults import Fault, base_ruleset, fault_rules
+from azprobe.lab.netns import parse_proc_net_counters
+from azprobe.lab.topology import LAB_SLOTS, V4_SPACE, V6_SPACE, az_names, plan_lab, validate_name
+
+
+def _all_addresses(plan):
+    for z in plan.zones:
+        for link in (z.server_link, z.client_link):
+            yield from (a.ip for a in (link.router_v4, link.host_v4, link.router_v6, link.host_v6) if a)
+
+
+def test_every_address_is_inside_the_benchmarking_ranges_and_its_az():
+    plan = plan_lab("azp", 5, 4, ipv6=True)
+    for ip in _all_addresses(plan):
+        assert ip in (V4_SPACE if ip.version == 4 else V6_SPACE)
+    for z in plan.zones:
+        nets = [ipaddress.ip_network(c) for c in z.cidrs]
+        for host in (z.server_v4, z.server_v6, z.client_v4, z.client_v6):
+            assert any(ipaddress.ip_address(host) in n for n in nets), (z.az, host)
+
+
+def test_two_slots_never_share_an_address_or_cidr():
+    plans = [plan_lab("azp", i, 15, ipv6=True) for i in (0, 1, LAB_SLOTS - 1)]
+    for a, b in itertools.combinations(plans, 2):
+        assert not set(_all_addresses(a)) & set(_all_addresses(b))
+        for ca, cb in itertools.product(a.topology().values(), b.topology().values()):
+            for x, y in itertools.product(map(ipaddress.ip_network, ca), map(ipaddress.ip_network, cb)):
+                assert x.version != y.version or not x.overlaps(y)
+
+
+def test_agent_config_parses_with_the_agents_own_topology_parser():
+    plan = plan_lab("t1", 3, 3, ipv6=True)
+    doc = tomllib.loads(render_agent_config(plan))
+    assert doc["node"]["az"] == "az-a"
+    topo = parse_topology(Section(doc["topology"], "topology"))  # rejects overlaps itself
+    assert sorted(topo) == ["az-a", "az-b", "az-c"]
+    assert ipaddress.ip_address(plan.zone("az-a").client_v4) in topo["az-a"][0]
+    assert doc["agent"]["listen"] == "127.0.0.1:9743"
+
+
+def test_names_prefix_every_namespace():
+    plan = plan_lab("lab7", 0, 2, ipv6=False)
+    assert plan.namespaces == ["lab7-router", "lab7-srv-az-a", "lab7-srv-az-b", "lab7-cli-az-a", "lab7-cli-az-b"]
+    assert plan.nft_table == "lab7"
+
+
+@pytest.mark.parametrize("name", ["", "Azp", "a-b", "1ab", "abcdefghijk"])
+def test_bad_names_are_rejected_naming_the_field(name):
+    with pytest.raises(ConfigError) as err:
+        validate_name(name)
+    assert err.value.field == "name"
+
+
+@pytest.mark.parametrize("count", [0, 16, True, "3"])
+def test_bad_az_counts_are_rejected(count):
+    with pytest.raises(ConfigError) as err:
+        az_names(count)
+    assert err.value.field == "azs"
+
+
+def test_unknown_az_lists_the_known_ones():
+    with pytest.raises(ConfigError) as err:
+        plan_lab("azp", 0, 3, False).zone("az-x")
+    assert err.value.field == "az" and "az-a, az-b, az-c" in str(err.value)
+
+
+def test_fault_validation():
+    with pytest.raises(ConfigError, match="loss-pct"):
+        Fault(loss_pct=101)
+    with pytest.raises(ConfigError, match="delay-ms"):
+        Fault(delay_ms=float("nan"))
+    with pytest.raises(ConfigError, match="no fault"):
+        Fault()
+    with pytest.raises(ConfigError, match="blackhole"):
+        Fault(blackhole=True, delay_ms=5)
+    assert Fault(delay_ms=50, loss_pct=0.5).describe() == "loss 0.5%, delay 50 ms"
+
+
+def test_fault_rules_order_and_counters():
+    plan = plan_lab("azp", 0, 3, False)
+    script = fault_rules(plan, plan.zone("az-b"), Fault(refuse=True, syn_loss_pct=2.5, loss_pct=1, delay_ms=10))
+    lines = script.splitlines()
+    assert lines[0] == "flush chain inet azp fault_az_b"
+    kinds = [line.split('counter name "')[1].split('"')[0] for line in lines[1:]]
+    assert kinds == ["az_b_refuse", "az_b_syn_loss", "az_b_loss", "az_b_delay"]
+    assert "numgen random mod 10000 < 250" in lines[2] and "tcp flags & (syn | ack) == syn" in lines[2]
+    assert fault_rules(plan, plan.zone("az-b"), None) == "flush chain inet azp fault_az_b\n"
+
+
+def test_base_ruleset_matches_each_az_by_its_server_link():
+    plan = plan_lab("azp", 0, 2, False)
+    text = base_ruleset(plan)
+    assert 'oifname "s-az-a" jump to_az_a' in text and 'oifname "s-az-b" jump to_az_b' in text
+    assert "counter az_b_syn_loss" in text
+
+
+def test_proc_net_counters_are_named_like_nstat():
+    text = ("TcpExt: SyncookiesSent TCPTimeouts\nTcpExt: 0 7\n"
+            "Tcp: RtoAlgorithm RetransSegs\nTcp: 1 12\n")
+    assert parse_proc_net_counters(text) == {"TcpExtSyncookiesSent": 0, "TcpExtTCPTimeouts": 7,
+                                             "TcpRtoAlgorithm": 1, "TcpRetransSegs": 12}

@@ -1,0 +1,59 @@
+"""The `azprobe weights` table: readable at a glance, stale never shown as healthy."""
+
+import pytest
+
+from azprobe.errors import ConfigError
+from azprobe.watch import is_newer
+from azprobe.weights import ZoneWeights
+from azprobe.weights_cli import render_table, weights_key_name
+from tests.helpers import sample_weights_doc
+
+NOW = 1_700_000_000.0
+
+
+def test_fresh_table_has_header_and_rows_by_share():
+    doc = sample_weights_doc(17, {"az-b": 15, "az-a": 85}, ttl_s=30, now=NOW - 3)
+    lines = render_table(doc, "azprobe/v1/weights", NOW).splitlines()
+    assert lines[0] == "weights at azprobe/v1/weights"
+    assert lines[1] == ("generation 17  leader ctl-test  model default  view global  age 3.0s  "
+                        "expires in 27.0s  state OK")
+    assert lines[2].split() == ["AZ", "SHARE", "WEIGHT", "HEALTH", "SUCCESS", "P95", "ms", "UTIL", "STATE", "REASONS"]
+    assert lines[3].split() == ["az-a", "85%", "1.000", "0.98", "99.90%", "12.3", "40%", "ok", "share", "85"]
+    assert lines[4].split()[:2] == ["az-b", "15%"] and "degraded" in lines[4]
+
+
+def test_stale_table_says_stale_everywhere():
+    doc = sample_weights_doc(17, ttl_s=30, now=NOW - 100)
+    text = render_table(doc, "k", NOW)
+    lines = text.splitlines()
+    assert lines[0] == "STALE: weights at k expired 70.0s ago; do not act on them (is the controller running?)"
+    assert lines[1].endswith("state STALE (was ok)")
+    assert [row.split()[7] for row in lines[3:]] == ["STALE", "STALE"]
+    assert "degraded" not in text and " ok " not in text
+
+
+def test_nulls_and_long_reasons():
+    doc = sample_weights_doc(1, {"az-a": 100}, now=NOW)
+    zone = doc.zones["az-a"]
+    long = ZoneWeights(zone.weight, 100, zone.health, None, None, None, 0, "ok", ("x" * 100, "y"))
+    from dataclasses import replace
+    doc = replace(doc, zones={"az-a": long})
+    row = render_table(doc, "k", NOW).splitlines()[3]
+    assert row.split()[4:7] == ["-", "-", "-"]
+    assert row.endswith("x" * 57 + "...")
+
+
+def test_weights_key_name():
+    assert weights_key_name(None) == "weights"
+    assert weights_key_name("az-a") == "weights/from/az-a"
+    with pytest.raises(ConfigError, match="--from"):
+        weights_key_name("a/b")
+
+
+def test_is_newer_accepts_growth_or_a_later_document_only():
+    old = sample_weights_doc(5, now=NOW)
+    assert is_newer(old, None)
+    assert not is_newer(old, old)
+    assert is_newer(sample_weights_doc(6, now=NOW), old)
+    assert is_newer(sample_weights_doc(1, now=NOW + 10), old)   # wiped KV restarted generations
+    assert not is_newer(sample_weights_doc(4, now=NOW - 10), old)  # a replay
