@@ -198,8 +198,6 @@ def consul_checks(settings: Any) -> Iterator[Check]:
     lock session. Stops at the first failure: later checks would only repeat it."""
     import requests
 
-    from azprobe import consul as kv
-
     leader_url = settings.address + "/v1/status/leader"
     headers = {"X-Consul-Token": settings.token} if settings.token else {}
     sent_at = time.time()

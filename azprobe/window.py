@@ -33,10 +33,10 @@ class WindowError(ValueError):
     """A window that breaks the contract; the message names the field."""
 
 
-@dataclass
-class PathStats:
-    src: str
-    dst: str
+@dataclass(kw_only=True)
+class TcpCounters:
+    """Connect outcomes, retransmits, RTOs and latency histograms; merged by addition."""
+
     conn_attempts: int = 0
     conn_ok: int = 0
     conn_refused: int = 0
@@ -47,11 +47,19 @@ class PathStats:
     rtt_us: Histogram = field(default_factory=Histogram)
     connect_us: Histogram = field(default_factory=Histogram)
 
-    def merge(self, other: "PathStats") -> None:
+    def merge(self, other: "TcpCounters") -> None:
         for name in COUNTER_FIELDS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.rtt_us.merge(other.rtt_us)
         self.connect_us.merge(other.connect_us)
+
+
+@dataclass
+class PathStats(TcpCounters):
+    """The counters of one path, source AZ -> destination AZ."""
+
+    src: str
+    dst: str
 
     def to_json(self) -> dict:
         doc: dict = {"src": self.src, "dst": self.dst}

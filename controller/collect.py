@@ -69,6 +69,7 @@ class AgentCursor:
     last_ok: float | None = None  # controller clock of the last successful pull
     last_new_window: float | None = None  # ... of the last pull that brought a new window
     newest_end: float | None = None  # agent clock: `end` of the newest window seen
+    last_attempt: float = float("-inf")  # controller clock of the cycle that last pulled it
     failures: int = 0  # consecutive failed pulls
     last_error: str = ""
 
@@ -160,7 +161,7 @@ class WindowStore:
     def __init__(self, horizon_s: float, slot_s: float | None = None) -> None:
         self.horizon_s = horizon_s
         self.slot_s = slot_s if slot_s else max(horizon_s / 5, 0.01)
-        self._heap: list[tuple[float, int, StoredWindow]] = []
+        self._heap: list[tuple[float, int, str, Window]] = []  # (at, tiebreak, agent, window)
         self._keys: set[tuple[str, str, int]] = set()
         self._slots: dict[int, _Slot] = {}
         self._tiebreak = 0
@@ -172,7 +173,7 @@ class WindowStore:
             return False
         self._keys.add(key)
         self._tiebreak += 1
-        heapq.heappush(self._heap, (at, self._tiebreak, StoredWindow(window, at, agent)))
+        heapq.heappush(self._heap, (at, self._tiebreak, agent, window))
         index = math.floor(at / self.slot_s)
         slot = self._slots.get(index)
         if slot is None:
@@ -185,20 +186,20 @@ class WindowStore:
     def prune(self, now: float) -> None:
         cutoff = now - self.horizon_s
         while self._heap and self._heap[0][0] < cutoff:
-            old = heapq.heappop(self._heap)[2]
-            self._keys.discard((old.agent, old.window.boot_id, old.window.seq))
+            _, _, agent, window = heapq.heappop(self._heap)
+            self._keys.discard((agent, window.boot_id, window.seq))
         for index in [i for i in self._slots if (i + 1) * self.slot_s < cutoff]:
             del self._slots[index]
 
     def windows(self) -> list[Window]:
-        return [entry[2].window for entry in self._heap]
+        return [entry[3] for entry in self._heap]
 
     def merge_input(self) -> list[Window]:
         """The evaluation window, pre-combined per (slot, AZ): what the merge reads."""
         return [w for index in sorted(self._slots) for w in self._slots[index].windows(index)]
 
     def items(self) -> list[StoredWindow]:
-        return [entry[2] for entry in sorted(self._heap)]
+        return [StoredWindow(window, at, agent) for at, _, agent, window in sorted(self._heap)]
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -288,21 +289,21 @@ class Collector:
         # Cheap pre-filters on the raw documents, before the (costly) full validation:
         # a seq we already read is a duplicate, and a backlog window older than the
         # evaluation window (by the agent's own clock) will not be stored anyway.
-        candidates: list[object] = []
+        candidates: list[tuple[object, int | None, float | None]] = []  # (raw, seq, end)
         skipped_seqs: set[int] = set()  # read but not stored (garbage, too old): not gaps
+        newest_end = cursor.newest_end
         for raw in body["windows"]:
             seq = _raw_int(raw, "seq")
             if seq is not None and seq <= cursor.last_seq:
                 self.counters.windows_duplicate += 1
                 continue
-            candidates.append(raw)
-        ends = [e for e in (_raw_number(raw, "end") for raw in candidates) if e is not None]
-        newest_end = max(ends + ([cursor.newest_end] if cursor.newest_end is not None else []), default=None)
+            end = _raw_number(raw, "end")
+            if end is not None and (newest_end is None or end > newest_end):
+                newest_end = end
+            candidates.append((raw, seq, end))
 
         fresh: list[Window] = []
-        for raw in candidates:
-            end = _raw_number(raw, "end")
-            seq = _raw_int(raw, "seq")
+        for raw, seq, end in candidates:
             if end is not None and newest_end is not None and newest_end - end > self.store.horizon_s \
                     and seq is not None:
                 self.counters.windows_too_old += 1
@@ -360,8 +361,8 @@ class Collector:
         return ep
 
     async def _fetch(self, url: str, after: int) -> object:
-        async with asyncio.timeout(self.pull_timeout_s):
-            status, raw = await self._http.get(self._endpoint(url), f"/v1/windows?after={int(after)}")
+        status, raw = await self._http.get(self._endpoint(url), f"/v1/windows?after={int(after)}",
+                                           self.pull_timeout_s)
         if status != 200:
             raise ValueError(f"HTTP {status}")
         return json.loads(raw)
@@ -404,7 +405,9 @@ class Collector:
         whatever happens (agents not reached by then count as failed this cycle)."""
         started = self.clock()
         result = PullResult()
-        cursors = list(self.cursors.values())
+        # Least recently pulled first: when the budget cuts a cycle short, the agents it
+        # did not reach go first next time instead of being starved every cycle.
+        cursors = sorted(self.cursors.values(), key=lambda c: c.last_attempt)
         queue = iter(cursors)
         reached: set[int] = set()
 
@@ -414,6 +417,7 @@ class Collector:
         async def worker() -> None:
             for cursor in queue:
                 reached.add(id(cursor))
+                cursor.last_attempt = started
                 n = await self._pull_one(cursor)
                 if n < 0:
                     result.failed += 1

@@ -2,13 +2,19 @@
 
 Every table is read through azprobe.config.Section and closed with reject_unknown, so a
 typo is `azprobe: safety.stale_aftr_s: unknown key (...)` and exit 2, never a setting
-silently ignored. Two keys extend the contract's [controller] table, because leader
-election needs them and tests must shorten them: `session_ttl_s` (Consul's 10..86400)
-and `lock_delay_s` (Consul's default 15 s).
+silently ignored. Keys extending the contract's [controller] table, for leader election:
+- `session_ttl_s` (Consul's 10..86400) and `lock_delay_s` (Consul's default 15 s);
+- `advertise` ("host:port" where other controllers reach this one's /healthz; default:
+  `listen` when that is a routable address, else none) and `leader_probe_failures`
+  (default 3, 0 = off): a standby that gets no answer from the advertised leader that many
+  rounds in a row invalidates the leader's session, so a crashed leader is replaced after
+  the lock-delay instead of after Consul's 2 x TTL. Fencing keeps this safe: a leader
+  wrongly deposed can no longer write, and simply stands by.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +36,8 @@ class ControllerSettings:
     listen: tuple[str, int] = ("127.0.0.1", 9741)
     session_ttl_s: float = 10.0
     lock_delay_s: float = 15.0
+    advertise: str = ""  # host:port of /healthz for other controllers; "" = not reachable
+    leader_probe_failures: int = 3
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,37 @@ def _agent_url(url: str, field_name: str) -> str:
     return url.rstrip("/")
 
 
+def _advertise(section: Section) -> str:
+    """The explicit `advertise`, or `listen` when that is routable. A loopback or
+    unspecified listen address is never advertised by default: another host's standby
+    would probe its own host. (An explicit loopback advertise is the operator's call,
+    e.g. several controllers on one host, as in the tests.)"""
+    listen = section.string("listen", "127.0.0.1:9741")
+    value = section.string("advertise", "")
+    if value:
+        host, _ = parse_host_port(value, section.field("advertise"))
+        if _unspecified(host):
+            raise ConfigError(section.field("advertise"), f"{value!r} names no host",
+                              "use this host's address, e.g. \"10.0.1.5:9741\"")
+        return value
+    host, _ = parse_host_port(listen, section.field("listen"))
+    return "" if _unspecified(host) or _loopback(host) else listen
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return not host
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def parse_controller(section: Section) -> ControllerSettings:
     settings = ControllerSettings(
         name=section.string("name", socket.gethostname()) or socket.gethostname(),
@@ -75,6 +114,8 @@ def parse_controller(section: Section) -> ControllerSettings:
         listen=parse_host_port(section.string("listen", "127.0.0.1:9741"), section.field("listen")),
         session_ttl_s=section.number("session_ttl_s", 10.0, min=10.0, max=86400.0),
         lock_delay_s=section.number("lock_delay_s", 15.0, min=0.0, max=60.0),
+        advertise=_advertise(section),
+        leader_probe_failures=section.integer("leader_probe_failures", 3, min=0, max=1000),
     )
     section.reject_unknown()
     if settings.evaluation_window_s < settings.interval_s:

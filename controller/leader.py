@@ -9,6 +9,11 @@ or Consul unreachable: we can no longer prove we hold the lock) or a 409 from a 
 write makes us a standby before anything else happens. Fencing itself is not here but in
 publish.py: every write checks this session in the same transaction.
 
+A crashed leader's session outlives it by up to 2 x TTL (Consul's rule), so standbys
+also probe the holder's advertised /healthz (LeaderProbe, below) and invalidate the
+session of a leader that stopped answering: fail-over then takes the lock-delay plus a
+few rounds, not 20 s more.
+
 All methods are blocking (py-consul on requests); the controller calls them from a
 worker thread so a hung Consul never stalls the pull loop.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -139,3 +145,74 @@ class LeaderElection:
                 log.info("released the leader lock")
         except Exception as exc:  # shutting down: the session's TTL cleans up anyway
             log.info("could not release the leader lock cleanly: %s", translate_error(exc, "consul", "releasing"))
+
+
+# Controllers talk to each other directly: an http_proxy in the environment must not
+# answer (or fail) on the leader's behalf.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def probe_healthz(address: str, timeout_s: float) -> str | None:
+    """The controller name answering http://<address>/healthz; None when nothing answers
+    (refused, timeout, not our JSON)."""
+    try:
+        with _NO_PROXY.open(f"http://{address}/healthz", timeout=timeout_s) as resp:
+            body = json.loads(resp.read(65536))
+    except (OSError, ValueError):  # URLError and timeouts are OSErrors
+        return None
+    name = body.get("name") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
+
+
+class LeaderProbe:
+    """A standby's liveness check of the lock holder, for fast fail-over after a crash.
+
+    Consul keeps a crashed leader's session (and so the lock) until 2 x TTL pass without
+    a renew. A standby that finds nobody answering at the holder's advertised address
+    `failures_needed` rounds in a row destroys the holder's session; the lock is then free
+    after the lock-delay. Only silence counts: a different controller answering at that
+    address proves nothing either way. Wrongly deposing a live leader is safe (its next
+    fenced write gets a 409 and it stands by), so the cost of a false positive is one
+    lock-delay without writes, while readers keep the last document until it expires.
+    """
+
+    def __init__(self, client: consul.Consul, *, own_name: str, failures_needed: int, timeout_s: float,
+                 probe: Callable[[str, float], str | None] = probe_healthz) -> None:
+        self.client = client
+        self.own_name = own_name
+        self.failures_needed = failures_needed
+        self.timeout_s = timeout_s
+        self.probe = probe
+        self._session: str | None = None
+        self._failures = 0
+        self._denied = False
+
+    def observe(self, holder: dict[str, Any] | None) -> str | None:
+        """One round. Returns why the holder's session was invalidated, or None."""
+        if (self.failures_needed <= 0 or holder is None or not holder.get("address")
+                or holder.get("name") == self.own_name):
+            self._session, self._failures = None, 0
+            return None
+        if holder["session"] != self._session:
+            self._session, self._failures = holder["session"], 0
+        answered = self.probe(str(holder["address"]), self.timeout_s)
+        if answered is not None:
+            self._failures = 0
+            return None
+        self._failures += 1
+        if self._failures < self.failures_needed:
+            return None
+        self._failures = 0
+        reason = (f"leader {holder.get('name')!r} at {holder['address']} did not answer "
+                  f"{self.failures_needed} probes in a row: invalidating its session")
+        try:
+            self.client.session.destroy(holder["session"])
+        except consul.ACLPermissionDenied:
+            if not self._denied:
+                log.info("%s failed: the token may not destroy other sessions; waiting for its TTL", reason)
+                self._denied = True
+            return None
+        except Exception as exc:
+            raise translate_error(exc, self.client.http.base_uri, "invalidating the dead leader's session") from None
+        log.info("%s", reason)
+        return reason

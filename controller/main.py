@@ -27,18 +27,19 @@ from typing import Any
 import click
 
 from azprobe import sdnotify
-from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key
+from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
+from azprobe.weights import WeightsError, ZoneWeights
+from controller.agent_http import raise_file_limit
 from controller.collect import AgentTarget, Collector, PullResult
 from controller.config import ControllerConfig, load_config, load_model_from
 from controller.controls import OperatorControls, parse_controls
 from controller.detector import DetectorResult, ZoneSpikeDetectors
-from controller.leader import LeaderElection
+from controller.leader import LeaderElection, LeaderProbe
 from controller.merge import MergedView, failures_by_zone, merge_windows
 from controller.metrics import ControllerMetrics, bound_port, start_server
 from controller.policy import Policy
 from controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
 from controller.safety import Decision, SafetyState
-from azprobe.weights import ZoneWeights
 
 log = logging.getLogger("azprobe.controller")
 
@@ -71,9 +72,10 @@ class Controller:
         self.metrics = ControllerMetrics()
         self.consul_settings: ConsulSettings = replace(config.consul, timeout_s=CONSUL_TIMEOUT_S)
         self.client = make_client(self.consul_settings)
-        address = f"{c.listen[0]}:{c.listen[1]}"
-        self.election = LeaderElection(self.client, self.consul_settings, name=c.name, address=address,
+        self.election = LeaderElection(self.client, self.consul_settings, name=c.name, address=c.advertise,
                                        ttl_s=c.session_ttl_s, lock_delay_s=c.lock_delay_s)
+        self.leader_probe = LeaderProbe(self.client, own_name=c.name, failures_needed=c.leader_probe_failures,
+                                        timeout_s=min(0.5, c.interval_s))
         self.publisher = Publisher(self.client, self.consul_settings, leader_name=c.name,
                                    model_name=config.model.name, heartbeat_s=config.heartbeat_s,
                                    expiry_s=Publisher.expiry_for(heartbeat_s=config.heartbeat_s,
@@ -92,6 +94,7 @@ class Controller:
         self._last_discovery = -1e9
         self._logged_problems: tuple[str, ...] = ()
         self._spiking: dict[str, bool] = {}
+        self._warned_invalid = False
         self.wall = time.time  # the decision clock (safety ages, detector buckets, control expiries)
 
     # --- the cycle --------------------------------------------------------------------
@@ -113,21 +116,28 @@ class Controller:
                 continue
             if name == GLOBAL_VIEW:
                 self._log_state_changes(decision)
-            views[name] = WeightsView(state=decision.state, source_az=name or None,
-                                      zones={az: ZoneWeights(**z.to_json()) for az, z in decision.zones.items()})
+            try:
+                zones_out = {az: ZoneWeights(**z.to_json()) for az, z in decision.zones.items()}
+            except WeightsError as exc:  # a bug upstream: never publish it, say so once
+                self.publisher.counters.invalid_docs += 1
+                if not self._warned_invalid:
+                    log.error("view %r is not a valid weights document, not publishing it: %s", name or "global", exc)
+                    self._warned_invalid = True
+                continue
+            views[name] = WeightsView(state=decision.state, source_az=name or None, zones=zones_out)
         return views
 
     def _log_state_changes(self, decision: Decision) -> None:
         if decision.state != self.overall_state:
             why = decision.reasons[0] if decision.reasons else ""
             log.info("overall state %s -> %s%s", self.overall_state or "none", decision.state,
-                        f": {why}" if why else "")
+                     f": {why}" if why else "")
             self.overall_state = decision.state
         for az, zone in decision.zones.items():
             before = self.zone_states.get(az)
             if zone.state != before:
                 log.info("zone %s: %s -> %s (share %d): %s", az, before or "new", zone.state, zone.share,
-                            "; ".join(zone.reasons[-2:]))
+                         "; ".join(zone.reasons[-2:]))
                 self.zone_states[az] = zone.state
 
     async def cycle(self) -> CycleOutcome:
@@ -148,6 +158,7 @@ class Controller:
         views = self.decide(merged, spikes, now)
         if views.get(GLOBAL_VIEW) is not None:
             self.latest_views = views
+            self.metrics.observe_zones(views[GLOBAL_VIEW].zones)
         duration = time.monotonic() - started
         self._observe(pull, spikes, duration)
         return CycleOutcome(pull, merged, views, spikes, duration)
@@ -183,6 +194,8 @@ class Controller:
             transition = self.election.tick()
             if transition is not None and transition.became_leader:
                 self.term_started = False
+            if not self.election.is_leader:
+                self.leader_probe.observe(self.election.holder())
             self._read_controls()
             if self.election.is_leader:
                 if not self.term_started:
@@ -193,7 +206,6 @@ class Controller:
                 if views is not None and self.election.session_id is not None:
                     doc = self.publisher.publish(self.election.session_id, views)
                     if doc is not None:
-                        self.metrics.observe_doc(doc)
                         self.metrics.generation.set(doc.generation)
                         self.metrics.last_write.set(doc.generated_at)
             self._set_consul_up(True)
@@ -221,9 +233,7 @@ class Controller:
             return
         try:
             _, entries = self.client.catalog.service(self.config.agents.service)
-        except Exception as exc:
-            from azprobe.consul import translate_error
-
+        except Exception as exc:  # py-consul raises requests' and its own types
             raise translate_error(exc, self.consul_settings.address, "reading the agent catalog") from None
         self._last_discovery = time.monotonic()
         targets = [AgentTarget(url=agent_url(e), az=(e.get("NodeMeta") or {}).get("az"), node=e.get("Node"))
@@ -329,6 +339,7 @@ async def _main(config: ControllerConfig) -> None:
 def controller_command(config_path: str) -> None:
     """Run the controller: pull agents' windows, decide weights, write them to Consul KV."""
     config = load_config(config_path)
+    raise_file_limit()  # before the collector sizes its connection pool from the limit
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # State changes are logged at INFO (one line each): show them without -v.
     for name in ("azprobe.controller", "controller"):

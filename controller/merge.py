@@ -31,10 +31,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from azprobe.sketch import Histogram
-from azprobe.window import COUNTER_FIELDS, OTHER_AZ, PathStats, Window
+from azprobe.window import OTHER_AZ, TcpCounters, Window
 from controller.models import ZoneStats
 
 __all__ = ["Aggregate", "MergedView", "UtilWeights", "ZoneStats", "merge_windows", "failures_by_zone"]
@@ -54,25 +53,9 @@ class UtilWeights:
         return min(max((self.cpu * cpu + self.mem * mem) / total, 0.0), 1.0)
 
 
-@dataclass
-class Aggregate:
+@dataclass(kw_only=True)
+class Aggregate(TcpCounters):
     """Summed counters and merged histograms for one path or one destination AZ."""
-
-    conn_attempts: int = 0
-    conn_ok: int = 0
-    conn_refused: int = 0
-    conn_timeout: int = 0
-    syn_retrans: int = 0
-    retrans: int = 0
-    rto: int = 0
-    rtt_us: Histogram = field(default_factory=Histogram)
-    connect_us: Histogram = field(default_factory=Histogram)
-
-    def add(self, path: PathStats | "Aggregate") -> None:
-        for name in COUNTER_FIELDS:
-            setattr(self, name, getattr(self, name) + getattr(path, name))
-        self.rtt_us.merge(path.rtt_us)
-        self.connect_us.merge(path.connect_us)
 
     @property
     def completed(self) -> int:
@@ -151,7 +134,7 @@ def merge_windows(
     paths: dict[tuple[str, str], Aggregate] = defaultdict(Aggregate)
     for w in used:
         for p in w.paths:
-            paths[(p.src, p.dst)].add(p)
+            paths[(p.src, p.dst)].merge(p)
     util = utilisation_by_az(used, util_weights)
 
     per_dst: dict[str, Aggregate] = defaultdict(Aggregate)
@@ -159,8 +142,8 @@ def merge_windows(
     for (src, dst), agg in paths.items():
         if dst == OTHER_AZ:
             continue
-        per_dst[dst].add(agg)
-        per_src_dst[src][dst].add(agg)
+        per_dst[dst].merge(agg)
+        per_src_dst[src][dst].merge(agg)
 
     # An AZ with agents but no traffic towards it is still a zone (with no evidence).
     zone_names = set(per_dst) | {az for az in util if az != OTHER_AZ}

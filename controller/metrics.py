@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from azprobe.weights import WeightsDoc
+from azprobe.weights import ZONE_STATES, ZoneWeights
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
@@ -64,23 +64,26 @@ class ControllerMetrics:
         self.last_write = Gauge("azprobe_controller_last_write_timestamp", "Unix time of the last write", registry=r)
         self.spikes = Counter("azprobe_detector_spikes", "Failure spikes detected (starts)", ["az"], registry=r)
         self._spiking: dict[str, bool] = {}
-        self._known_zones: set[str] = set()
+        self._known_zones: set[str] = set()  # zones with gauges, to drop those that leave
 
     def add_totals(self, sources: Mapping[str, Callable[[], Any]]) -> None:
         self.registry.register(_TotalsCollector(sources))
 
-    def observe_doc(self, doc: WeightsDoc) -> None:
-        for az in self._known_zones - set(doc.zones):
+    def observe_zones(self, zones: Mapping[str, ZoneWeights]) -> None:
+        """This controller's own global decision (every cycle, leader or standby)."""
+        for az in self._known_zones - set(zones):
             for g in (self.zone_health, self.zone_weight, self.zone_share, self.zone_p95, self.zone_success):
                 g.remove(az)
-        self._known_zones = set(doc.zones)
-        for az, z in doc.zones.items():
+            for state in ZONE_STATES:
+                self.zone_state.remove(az, state)
+        self._known_zones = set(zones)
+        for az, z in zones.items():
             self.zone_health.labels(az).set(z.health)
             self.zone_weight.labels(az).set(z.weight)
             self.zone_share.labels(az).set(z.share)
             self.zone_p95.labels(az).set(z.p95_ms if z.p95_ms is not None else float("nan"))
             self.zone_success.labels(az).set(z.success if z.success is not None else float("nan"))
-            for state in ("ok", "degraded", "stale", "panic", "frozen", "shifted"):
+            for state in ZONE_STATES:
                 self.zone_state.labels(az, state).set(1.0 if z.state == state else 0.0)
 
     def observe_spikes(self, results: Mapping[str, Any]) -> None:

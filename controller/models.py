@@ -22,7 +22,8 @@ and a zone at +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight)::
     Fpen   = clip((F - failure_tolerance) / failure_scale, 0, 1)
              # steep: 5 % effective failures is already the worst score; the tolerance
              # (0.1 %) ignores the background of refused/odd connects of healthy zones.
-    excess = P95 - baseline,  baseline = the lowest P95 among the zones given
+    baseline = min(lowest P95 among the zones given, latency_baseline_max_ms)
+    excess = P95 - baseline
     Lpen   = clip((excess - latency_tolerance_ms - latency_tolerance_frac*baseline)
                   / latency_span_ms, 0, 1)
              # latency judged against the healthy baseline, not an absolute 800 ms scale;
@@ -40,6 +41,22 @@ an e^-2 (13.5 %) ratio to a healthy zone, so no decay weight alone can drain a z
 the contract range of ``weight`` while making the share mapping sharp enough: the
 documents' example (H difference ~0.14) gives 84/16, a +200 ms / 5 % loss zone gets ~0 %
 (floored at 1 %), while healthy jitter (H differences < 0.005) moves shares < 3 points.
+
+Why the baseline is capped (``latency_baseline_max_ms``, default 50 ms): a baseline that
+is only "the best zone now" follows every zone up when they all slow down together. In
+the all-zones drill (+200 ms and 5 % loss everywhere) latency stopped counting at all
+("p95 204 ms vs baseline 204 ms -> penalty 0.00"), health rode on the noisy loss alone,
+and a zone whose loss read low for one cycle scored 1.000 -- which ended panic and let a
+drain begin. An intra-region service's healthy P95 is a few ms to a few tens of ms, so a
+best zone slower than 50 ms is itself sick; judged against 50 ms, uniform +200 ms costs
+every zone ~0.19 of health (degraded below 0.90) whatever the loss reads. A remembered,
+slow-moving baseline was the alternative; it was not chosen because it needs state in a
+pure model, starts empty on a fresh leader (which may start mid-incident and learn the
+sick level as normal), and still drifts up during a long enough incident. The cap is one
+stateless number an operator can reason about. A service whose healthy P95 is higher
+(cross-region, slow backends) raises it; a huge value gives the purely relative baseline.
+With the defaults, uniform slowness alone degrades every zone from a P95 of about 140 ms;
+below that it counts together with failures.
 
 Every coefficient of the default model is a key of the ``[model.default]`` config table.
 Missing inputs (None, NaN) are neutral -- they never drain a zone: whether a zone has
@@ -253,6 +270,7 @@ class DefaultModelConfig:
     latency_tolerance_ms: float = 10.0
     latency_tolerance_frac: float = 0.25
     latency_span_ms: float = 200.0
+    latency_baseline_max_ms: float = 50.0  # the baseline never exceeds this (module docstring)
     util_knee: float = 0.70
     share_exponent: float = 6.0
     degraded_below: float = 0.90  # health under this is "degraded" for the safety rules
@@ -266,6 +284,7 @@ class DefaultModelConfig:
             "util_knee": (0.0, 0.99),
             "share_exponent": (1.0, 50.0),
             "latency_tolerance_ms": (0.0, 1e6),
+            "latency_baseline_max_ms": (0.0, 1e6),
             "degraded_below": (0.0, 1.0),
         }
         for f in fields(cls):
@@ -291,7 +310,11 @@ class DefaultModel:
     def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
         c = self.config
         latencies = [p for p in (_finite(z.p95_ms) for z in zones.values()) if p is not None and p >= 0]
-        baseline = min(latencies) if latencies else None
+        best = min(latencies) if latencies else None
+        # capped: when every zone slows down together, the baseline must not follow them up
+        baseline = None if best is None else min(best, c.latency_baseline_max_ms)
+        baseline_text = "" if best is None or best <= baseline else \
+            f" (best zone {fmt(best)} ms, capped at latency_baseline_max_ms {c.latency_baseline_max_ms:g})"
         out: dict[str, ZoneHealth] = {}
         for az, z in zones.items():
             reasons: list[str] = []
@@ -318,7 +341,8 @@ class DefaultModel:
                 allowed = c.latency_tolerance_ms + c.latency_tolerance_frac * baseline
                 lpen = _clip((excess - allowed) / c.latency_span_ms)
                 reasons.append(
-                    f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms (+{fmt(excess)}, tolerance {fmt(allowed)})"
+                    f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms{baseline_text}"
+                    f" (+{fmt(excess)}, tolerance {fmt(allowed)})"
                     f" -> penalty {lpen:.2f}"
                 )
 

@@ -81,6 +81,9 @@ class SafetyConfig:
     max_decrease_points: float = 50.0
     drain_dwell_s: float = 2.0
     forget_after_s: float = 3600.0  # a zone with no data at all for this long leaves the document
+    recover_dwell_s: float = 3.0  # a degraded zone stays above the recovery band this long before recovering
+    panic_exit_s: float = 10.0  # panic ends only after this long out of the panic condition
+    timer_slack_s: float = 0.1  # a dwell/exit timer counts as elapsed this much early (cycle jitter)
 
     @classmethod
     def from_section(cls, section: Section, *, reject_unknown: bool = True) -> "SafetyConfig":
@@ -98,6 +101,9 @@ class SafetyConfig:
             max_decrease_points=section.number("max_decrease_points", cls.max_decrease_points, min=0.5, max=100.0),
             drain_dwell_s=section.number("drain_dwell_s", cls.drain_dwell_s, min=0.0, max=3600),
             forget_after_s=section.number("forget_after_s", cls.forget_after_s, min=1.0, max=10**7),
+            recover_dwell_s=section.number("recover_dwell_s", cls.recover_dwell_s, min=0.0, max=3600),
+            panic_exit_s=section.number("panic_exit_s", cls.panic_exit_s, min=0.0, max=3600),
+            timer_slack_s=section.number("timer_slack_s", cls.timer_slack_s, min=0.0, max=10.0),
         )
         from azprobe.errors import ConfigError
 
@@ -139,6 +145,7 @@ class ZoneMemory:
     degraded: bool = False
     degraded_since: float | None = None
     state: str = "ok"
+    recovering_since: float | None = None  # degraded, but above the recovery band since then
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,8 @@ class SafetyState:
     zones: Mapping[str, ZoneMemory] = field(default_factory=dict)
     last_decision_at: float | None = None
     converging: bool = False  # the last shares were capped short of their target: keep moving
+    panic: bool = False  # panic mode is on (entered, and not yet out of the condition for panic_exit_s)
+    panic_clear_since: float | None = None  # in panic, but out of the panic condition since then
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,21 @@ def _clip(value: float, lo: float, hi: float) -> float:
     return lo if value < lo else hi if value > hi else value
 
 
+def _since(start: float | None, now: float) -> float:
+    """A timer's start, restarted now if unset or in the future (the wall clock stepped back)."""
+    return now if start is None or start > now else start
+
+
+def _elapsed(start: float, now: float, period: float, cfg: "SafetyConfig") -> bool:
+    """Whether `period` has passed since `start`, give or take the cycle jitter.
+
+    The daemon decides once per interval, but each cycle's clock reading lands a few ms
+    (up to a slow pull) later or earlier than the last: without the slack a 1 s dwell at a
+    1 s interval sometimes read 0.998 s and waited a whole extra cycle.
+    """
+    return now - start >= period - cfg.timer_slack_s
+
+
 def _clean_stats(s: ZoneStats) -> ZoneStats:
     """Stats safe to publish: NaN/inf -> None, rates clipped, samples a non-negative int."""
     success = _finite(s.success)
@@ -228,24 +252,29 @@ def _clean_stats(s: ZoneStats) -> ZoneStats:
 
 
 def project_shares(target: Mapping[str, float], lo: Mapping[str, float], hi: Mapping[str, float]) -> dict[str, float]:
-    """The point clip(target + mu, lo, hi) summing to 100 (bisection on mu).
+    """The point clip(k * target, lo, hi) summing to 100 (bisection on log k).
 
-    Needs sum(lo) <= 100 <= sum(hi), which holds when lo <= last <= hi and the last
-    shares sum to 100.
+    Scaling, not shifting: the zones free to move keep the ratios of their targets, so
+    what a capped zone cannot take goes to the others in proportion to their weights (an
+    additive shift gave every zone the same points -- a draining zone with a target of
+    ~0 got as many as a healthy one). Needs sum(lo) <= 100 <= sum(hi), which holds when
+    lo <= last <= hi and the last shares sum to 100; targets >= 0.
     """
     names = list(target)
 
-    def total(mu: float) -> float:
-        return math.fsum(_clip(target[a] + mu, lo[a], hi[a]) for a in names)
+    def total(log_k: float) -> float:
+        k = math.exp(log_k)
+        return math.fsum(_clip(target[a] * k, lo[a], hi[a]) for a in names)
 
-    a, b = -2.0 * SHARE_TOTAL, 2.0 * SHARE_TOTAL
-    for _ in range(60):  # 400 / 2^60: far below the rounding to whole points
+    a, b = -745.0, 709.0  # k from the smallest positive float to near the largest
+    for _ in range(90):  # 1454 / 2^90: far below the rounding to whole points
         mid = (a + b) / 2
         if total(mid) < SHARE_TOTAL:
             a = mid
         else:
             b = mid
-    return {n: _clip(target[n] + b, lo[n], hi[n]) for n in names}
+    k = math.exp(b)
+    return {n: _clip(target[n] * k, lo[n], hi[n]) for n in names}
 
 
 # ---------------------------------------------------------------------- the rules
@@ -283,18 +312,34 @@ def _assess(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: Z
         health = _clip(health, 0.0, 1.0)
         weight = _finite(verdict.weight)
         weight = _clip(weight, WEIGHT_MIN, WEIGHT_MAX) if weight is not None else decay_weight(health)
-        degraded = health < (cfg.recover_above if mem.degraded else cfg.degraded_threshold)
-        since = (mem.degraded_since if mem.degraded and mem.degraded_since is not None else now) if degraded else None
         clean = _clean_stats(stats)
         reasons = list(verdict.reasons)
-        if degraded:
-            band = f"< {cfg.recover_above:.2f} (recovery band)" if mem.degraded else f"< {cfg.degraded_threshold:.2f}"
-            reasons.append(f"health {health:.3f} {band}: degraded")
+        recovering_since = None
+        if not mem.degraded:
+            degraded = health < cfg.degraded_threshold
+            reasons.append(f"health {health:.3f} < {cfg.degraded_threshold:.2f}: degraded" if degraded
+                           else f"health {health:.3f} >= {cfg.degraded_threshold:.2f}: ok")
+        elif health < cfg.recover_above:
+            degraded = True
+            reasons.append(f"health {health:.3f} < {cfg.recover_above:.2f} (recovery band): degraded")
         else:
-            reasons.append(f"health {health:.3f} >= {cfg.degraded_threshold:.2f}: ok")
+            # Recovery hysteresis: above the band for recover_dwell_s first. Until then the
+            # zone keeps its degraded verdict (weight, share_raw), so a one-cycle blip in the
+            # middle of a fault moves no share.
+            recovering_since = _since(mem.recovering_since, now)
+            degraded = not _elapsed(recovering_since, now, cfg.recover_dwell_s, cfg)
+            if degraded:
+                raw, weight = min(raw, mem.share_raw), min(weight, mem.weight)
+                reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for {fmt(now - recovering_since)} s"
+                               f" < recover_dwell {cfg.recover_dwell_s:g} s: still degraded, verdict held")
+            else:
+                recovering_since = None
+                reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for recover_dwell"
+                               f" {cfg.recover_dwell_s:g} s: ok, recovering")
+        since = _since(mem.degraded_since if mem.degraded else None, now) if degraded else None
         memory = ZoneMemory(first_seen=mem.first_seen, last_good_at=now, last_seen=now, health=health, weight=weight,
                             share_raw=raw, stats=clean, degraded=degraded, degraded_since=since,
-                            state="degraded" if degraded else "ok")
+                            state="degraded" if degraded else "ok", recovering_since=recovering_since)
         return _Zone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
 
     samples = stats.samples if stats is not None and isinstance(stats.samples, int) else 0
@@ -313,7 +358,8 @@ def _assess(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: Z
         reasons = [f"{why}: last evidence {fmt(age)} s ago > equal_after_s {cfg.equal_after_s:g} s: treated as healthy"]
     else:
         reasons = [f"{why}: no evidence yet, treated as healthy (never drain on missing data)"]
-    memory = replace(mem, degraded=False, degraded_since=None, state="stale", share_raw=1.0, last_seen=last_seen)
+    memory = replace(mem, degraded=False, degraded_since=None, recovering_since=None, state="stale", share_raw=1.0,
+                     last_seen=last_seen)
     return _Zone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
 
 
@@ -350,7 +396,8 @@ def apply_safety(
     overall_reasons: list[str] = []
     fresh = [z for z in zones.values() if z.fresh]
 
-    def finish(shares: Mapping[str, int], overall: str, converging: bool = False) -> Decision:
+    def finish(shares: Mapping[str, int], overall: str, converging: bool = False,
+               panic: tuple[bool, float | None] = (state.panic, state.panic_clear_since)) -> Decision:
         out: dict[str, ZoneDecision] = {}
         for az in names:
             z = zones[az]
@@ -365,7 +412,8 @@ def apply_safety(
             # the display state survives short gaps; panic/frozen/shifted are re-derived each cycle
             keep = z.state in ("ok", "degraded", "stale")
             memories[az] = z.memory if not keep or z.memory.state == z.state else replace(z.memory, state=z.state)
-        new_state = SafetyState(shares=dict(shares), zones=memories, last_decision_at=now, converging=converging)
+        new_state = SafetyState(shares=dict(shares), zones=memories, last_decision_at=now, converging=converging,
+                                panic=panic[0], panic_clear_since=panic[1])
         changed = dict(shares) != dict(state.shares)
         return Decision(overall, out, new_state, changed, tuple(overall_reasons))
 
@@ -410,17 +458,35 @@ def apply_safety(
             shares = equal_shares(names)
         return finish(shares, "stale")
 
-    # Rule 5: panic.
+    # Rule 5: panic, with hysteresis: entered at once, left only after panic_exit_s out of
+    # the condition (one zone reading healthy for a cycle must not start a drain).
     live = [z for z in fresh if not z.floor]
-    panic = len(live) >= 2 and all(z.degraded for z in live)
-    if panic:
+    all_degraded = len(live) >= 2 and all(z.degraded for z in live)
+    panic, panic_clear_since = all_degraded, None
+    if all_degraded:
         overall_reasons.append(f"all {len(live)} zones with fresh evidence are degraded: panic, spreading evenly")
+    elif state.panic:
+        panic_clear_since = _since(state.panic_clear_since, now)
+        out_for = now - panic_clear_since
+        if _elapsed(panic_clear_since, now, cfg.panic_exit_s, cfg):
+            overall_reasons.append(f"panic over: out of the panic condition for {fmt(out_for)} s"
+                                   f" >= panic_exit_s {cfg.panic_exit_s:g} s")
+            panic_clear_since = None
+        else:
+            panic = True
+            overall_reasons.append(f"panic held: out of the panic condition for {fmt(out_for)} s"
+                                   f" < panic_exit_s {cfg.panic_exit_s:g} s, still spreading evenly")
+    if panic:
         for z in zones.values():
             if not z.floor:
                 z.state = "panic"
                 z.raw = 1.0
                 z.reasons.append("panic: every zone degraded together, equal share")
-    else:
+    # Zones being drained: operator shifts, and the degraded zones rules 6-7 let drain. Their
+    # share never rises (recovery starts only once they count as recovered), and what they
+    # give up goes to the others.
+    draining: set[str] = {az for az, z in zones.items() if z.floor}
+    if not panic:
         # Rule 6: at most max_drained_zones drained; operator shifts use slots first.
         candidates = sorted((z for z in zones.values() if z.degraded and not z.floor), key=lambda z: (z.health, z.name))
         slots = max(cfg.max_drained_zones - len(shifted), 0)
@@ -435,13 +501,12 @@ def apply_safety(
         # Rule 7: dwell before a fresh degradation drains (a spike skips it).
         for z in candidates[:slots]:
             since = z.memory.degraded_since
-            if since is None:
-                continue
-            if spikes.get(z.name):
+            if since is not None and spikes.get(z.name):
                 z.reasons.append("failure spike detected: drain dwell skipped")
-            elif now - since < cfg.drain_dwell_s:
+            elif since is not None and not _elapsed(since, now, cfg.drain_dwell_s, cfg):
                 z.hold_share = True
                 z.reasons.append(f"drain pending: degraded for {fmt(now - since)} s < dwell {cfg.drain_dwell_s:g} s")
+            draining.add(z.name)
 
     # Targets from the (adjusted) raw weights; shifted zones get nothing.
     raws = {az: (0.0 if z.floor else max(z.raw, 1e-300)) for az, z in zones.items()}
@@ -470,25 +535,43 @@ def apply_safety(
             for az, z in zones.items():
                 prev = float(last[az])
                 lo[az] = 0.0 if z.floor else prev if z.hold_share else max(prev - cfg.max_decrease_points, 0.0)
-                recovering = target[az] > prev and prev < fair - cfg.hysteresis_points and not z.floor
-                hi[az] = prev + cfg.max_increase_points if recovering else float(SHARE_TOTAL)
-                if recovering and target[az] > hi[az]:
-                    z.reasons.append(f"recovering slowly: +{cfg.max_increase_points:g} points per cycle"
-                                     f" (target {target[az]:.1f})")
-                elif not z.floor and not z.hold_share and target[az] < lo[az]:
+                hi[az] = 0.0 if z.floor else float(SHARE_TOTAL)  # a floor of 0: rounding lifts it to 1 %
+                if az in draining:
+                    # never more than its target (what it gives up goes to the others, never
+                    # back to it) and never more than it had
+                    hi[az] = min(max(target[az], lo[az]), prev, hi[az])
+                    if target[az] > prev and not z.floor:
+                        z.reasons.append("still degraded: share not raised until it recovers")
+                if not z.floor and not z.hold_share and target[az] < lo[az]:
                     z.reasons.append(f"draining: at most -{cfg.max_decrease_points:g} points per cycle"
                                      f" (target {target[az]:.1f})")
-                if z.floor:
-                    hi[az] = 0.0  # rounding lifts it to the 1 % floor
+            # The points the draining zones give up this cycle, shared by everyone else in
+            # proportion to their targets (weights) -- a recovering zone included: its cap
+            # limits its *own* recovery, not its part in absorbing a drain.
+            freed = math.fsum(max(float(last[az]) - hi[az], 0.0) for az in draining)
+            absorbing = math.fsum(target[az] for az in names if az not in draining)
+            for az, z in zones.items():
+                prev = float(last[az])
+                recovering = target[az] > prev and prev < fair - cfg.hysteresis_points and az not in draining
+                if not recovering:
+                    continue
+                part = freed * target[az] / absorbing if absorbing > 0 and not z.degraded else 0.0
+                hi[az] = prev + cfg.max_increase_points + part
+                if target[az] > hi[az]:
+                    z.reasons.append(f"recovering slowly: +{cfg.max_increase_points:g} points per cycle"
+                                     + (f" (+{part:.1f} of the drained share)" if part >= 0.05 else "")
+                                     + f" (target {target[az]:.1f})")
             if math.fsum(hi.values()) < SHARE_TOTAL:
                 # Everyone left is recovering (e.g. an operator shift of the only big zone):
                 # the traffic has to go somewhere, so the recovery cap yields this cycle.
                 overall_reasons.append("recovery caps lifted: no zone at fair share can absorb the move")
-                hi = {az: 0.0 if zones[az].floor else float(SHARE_TOTAL) for az in names}
+                hi = {az: hi[az] if zones[az].floor or az in draining else float(SHARE_TOTAL) for az in names}
+                if math.fsum(hi.values()) < SHARE_TOTAL:  # only draining zones left besides shifts
+                    hi = {az: 0.0 if zones[az].floor else float(SHARE_TOTAL) for az in names}
             shares = shares_from_weights(project_shares(target, lo, hi))
             converging = shares != shares_from_weights(target)
     overall = "panic" if panic else _overall(zones)
-    return finish(shares, overall, converging)
+    return finish(shares, overall, converging, (panic, panic_clear_since))
 
 
 def _forgotten(mem: ZoneMemory | None, now: float, cfg: SafetyConfig) -> bool:

@@ -63,7 +63,8 @@ def controller_config(name: str, consul_url: str, agents: list[str], *, listen_p
                       safety: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "controller": {"name": name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
-                       "listen": f"127.0.0.1:{listen_port}", "session_ttl_s": 10, "lock_delay_s": lock_delay_s},
+                       "listen": f"127.0.0.1:{listen_port}", "advertise": f"127.0.0.1:{listen_port}",
+                       "session_ttl_s": 10, "lock_delay_s": lock_delay_s},
         "consul": {"address": consul_url, "prefix": "azprobe/v1/"},
         "agents": {"static": agents, "pull_timeout_s": 0.5},
         "safety": {"min_samples": 20, "stale_after_s": 2, "equal_after_s": 4, "heartbeat_s": 30,

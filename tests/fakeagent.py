@@ -141,7 +141,10 @@ class FakeAgentServer:
         if agent is None:
             return web.json_response({"error": "no such agent"}, status=404)
         if agent.delay_s:
-            await asyncio.sleep(agent.delay_s)
+            try:  # a slow agent, but one that does not hold up the server's shutdown
+                await asyncio.wait_for(self._stopping.wait(), agent.delay_s)
+            except asyncio.TimeoutError:
+                pass
         if agent.fail_status:
             return web.Response(status=agent.fail_status, text="injected failure")
         try:
@@ -153,6 +156,7 @@ class FakeAgentServer:
     def _serve(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
+        self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_get("/a/{key}/v1/windows", self._handle)
         app.router.add_get("/v1/windows", self._handle)
@@ -191,6 +195,7 @@ class FakeAgentServer:
         if self._ticker:
             self._ticker.join(5)
         if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread:
             self._thread.join(10)

@@ -90,10 +90,12 @@ def _summary(doc: dict[str, Any]) -> str:
 
     return "\n".join([
         f"scenario {doc['scenario']} (sick: {', '.join(doc['sick_azs'])})",
-        f"  detected in {_fmt_s(doc['detect_s'])}, recovered in {_fmt_s(doc['recover_s'])}",
+        f"  detect  {_fmt_s(doc['detect_s']):>7}  (fault start -> sick AZ's share in KV below 15)",
+        f"  recover {_fmt_s(doc['recover_s']):>7}  (fault cleared -> share back within 5 points of baseline)",
         f"  shares before {shares(doc['shares_before'])} | during {shares(doc['shares_during'])}"
         f" | after {shares(doc['shares_after'])}",
         f"  kv writes {doc['kv_writes']}, direction reversals {doc['direction_reversals']}, "
         f"min share {doc['min_share_seen']}, max generation gap {doc['max_generation_gap']:.1f} s",
         f"  states seen: {', '.join(doc['states_seen'])}",
+        "  checks: " + ", ".join(f"{name} {'ok' if passed else 'FAILED'}" for name, passed in doc["checks"].items()),
     ])

@@ -31,11 +31,14 @@ def toml_tables(tables: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def agent_config_with_listen(doc: Mapping[str, Any], listen: str) -> str:
+def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float | None = None) -> str:
     """The lab's agent config with our own listen address (a free loopback port, so the
-    demo never collides with an agent already running on the default port)."""
+    demo never collides with an agent already running on the default port) and,
+    optionally, a shorter window interval."""
     tables = {name: dict(table) for name, table in doc.items()}
     tables.setdefault("agent", {})["listen"] = listen
+    if interval_s is not None:
+        tables["agent"]["interval_s"] = interval_s
     return toml_tables(tables)
 
 

@@ -66,6 +66,9 @@ class DrillMetrics:
     max_generation_gap: float
     # Beyond the headline figures: what the drill saw, for tests and the summary.
     min_share_during: dict[str, int] = field(default_factory=dict)
+    # After the drain and before the final clear, the highest share a sick AZ got back:
+    # how far a flapping fault pulls traffic back into a zone that is still unreliable.
+    max_share_after_drain: int | None = None
     states_seen: list[str] = field(default_factory=list)
     leaders_seen: list[str] = field(default_factory=list)
     takeover_s: float | None = None  # leader killed -> first generation by another leader
@@ -86,6 +89,7 @@ class DrillMetrics:
             "min_share_seen": self.min_share_seen,
             "max_generation_gap": self.max_generation_gap,
             "min_share_during": self.min_share_during,
+            "max_share_after_drain": self.max_share_after_drain,
             "states_seen": self.states_seen,
             "leaders_seen": self.leaders_seen,
             "takeover_s": self.takeover_s,
@@ -209,6 +213,12 @@ def compute_metrics(
             for az, share in s.shares.items():
                 min_during[az] = min(share, min_during.get(az, share))
 
+    max_after_drain = None
+    if detect_s is not None and fault_start is not None and fault_end is not None:
+        drained_at = fault_start + detect_s
+        regained = [s.shares[az] for s in gens if drained_at <= s.t < fault_end for az in sick_azs if az in s.shares]
+        max_after_drain = max(regained, default=None)
+
     takeover_s = lock_released_s = write_after_release_s = None
     kills = [e for e in events if e.action == "kill-leader"]
     if kills:
@@ -247,6 +257,7 @@ def compute_metrics(
         min_share_seen=min(all_shares) if all_shares else None,
         max_generation_gap=max_gap([s.t for s in gens]),
         min_share_during=min_during,
+        max_share_after_drain=max_after_drain,
         states_seen=states,
         leaders_seen=leaders,
         takeover_s=takeover_s,

@@ -72,7 +72,7 @@ class Scenario:
     # every cycle (heartbeat < interval), so a gap in KV generations measures the
     # takeover, not a quiet spell.
     heartbeat_s: float | None = None
-    # What a passing drill looks like; the e2e tests and the CLI summary read these.
+    # What a passing drill looks like (DrillResult.checks reads these).
     expect_drain: bool = True   # the sick AZ's share falls below the detect threshold
     expect_panic: bool = False  # every zone sick: spread evenly, state "panic"
     default_fault_s: float = 20.0

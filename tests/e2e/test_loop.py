@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.lab, pytest.mark.kernel]
 FAULT_S = 10.0  # shortened drills: long enough to drain, short enough for make test
 # The failover kill comes at 1/4 of the fault (after the drain); a SIGKILLed leader's
 # session lives up to 2 x TTL = 20 s, so the fault must outlast the takeover.
-FAILOVER_FAULT_S = 32.0
+FAILOVER_FAULT_S = 36.0  # kill at 9 s, takeover by ~32 s at worst
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,9 @@ def test_controller_failover_keeps_kv_updates_flowing(stack: LoopStack) -> None:
     # lapses (up to 2 x TTL). From then on the standby must write within lock-delay + 2 s.
     assert m.write_after_release_s is not None and m.write_after_release_s <= LOCK_DELAY_S + 2.0, context
     # The controllers write every cycle (heartbeat < interval), so the largest gap between
-    # generations is the takeover, bounded by session expiry + lock-delay + 2 s.
-    assert m.max_generation_gap <= 2 * SESSION_TTL_S + LOCK_DELAY_S + 2.0, context
+    # generations is the takeover: session expiry (Consul: up to 2 x TTL) + lock-delay +
+    # one 1 s cycle + 2 s.
+    assert m.max_generation_gap <= 2 * SESSION_TTL_S + LOCK_DELAY_S + 1.0 + 2.0, context
     # The drill still did its job, and the new leader held the drain from warm state.
     assert m.detect_s is not None and m.shares_during["az-b"] <= 10, context
     fault_end = result.events[-1].t

@@ -13,7 +13,6 @@ from aiohttp import web
 from controller.agent_http import AgentHttpClient, Endpoint
 from controller.collect import AgentState, AgentTarget, Collector
 from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec
-from tests.helpers import wait_for
 
 
 def _collector(urls: list[str], **kwargs) -> Collector:
@@ -137,12 +136,18 @@ def test_http_client_chunked_bodies_and_keepalive():
                 assert status == 200 and json.loads(body)["boot_id"] == "b"
             status, _ = await client.get(ep, "/nope")
             assert status == 404
+            assert len(peers) == 1  # one kept-alive connection served every request
+            # With no room left in the idle pool (the file-limit cap), nothing is kept.
+            capped = AgentHttpClient(max_idle_total=0)
+            for _ in range(3):
+                assert (await capped.get(ep, "/v1/windows?after=0"))[0] == 200
+            assert len(peers) == 4
+            capped.close()
         finally:
             client.close()
             await runner.cleanup()
 
     asyncio.run(scenario())
-    assert len(peers) == 1  # one kept-alive connection served every request
 
 
 def test_agents_discovered_from_the_catalog(devconsul):
@@ -185,3 +190,55 @@ def test_agents_discovered_from_the_catalog(devconsul):
     finally:
         for server in servers.values():
             server.stop()
+
+
+def test_pulls_from_the_real_agents_http_server():
+    """The agent's own HTTP server (stdlib, HTTP/1.1 keep-alive), with windows from a fake ring."""
+    from agent.http import make_server, serve_in_background
+
+    fake = FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=10)])
+
+    class State:
+        def windows_doc(self, after: int) -> dict:
+            return fake.body(after)
+
+    server = make_server("127.0.0.1", 0, State())  # type: ignore[arg-type]
+    serve_in_background(server)
+    try:
+        collector = _collector([f"http://127.0.0.1:{server.server_address[1]}"])
+
+        async def scenario() -> None:
+            for round_ in range(3):
+                fake.emit()
+                result = await collector.pull_all()
+                assert result.ingested == 1 and result.failed == 0, round_
+            await collector.close()
+
+        asyncio.run(scenario())
+        assert _attempts(collector) == 30 and fake.pulls == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_agents_cut_by_the_budget_go_first_next_cycle():
+    slow = FakeAgent("slow", "az-a", [PathSpec(dst="az-b")])
+    fast = [FakeAgent(f"fast{i}", "az-a", [PathSpec(dst="az-b")]) for i in range(2)]
+    slow.delay_s = 2.0
+    with FakeAgentServer() as server:
+        urls = [server.add("slow", slow)] + [server.add(a.node, a) for a in fast]
+        collector = _collector(urls, pull_timeout_s=1.0, cycle_budget_s=0.3, concurrency=1)
+
+        async def scenario() -> None:
+            for agent in [slow, *fast]:
+                agent.emit()
+            first = await collector.pull_all()  # one worker, stuck on the slow agent
+            assert first.ingested == 0 and first.failed == 3
+            assert collector.cursors[urls[1]].last_error == "not reached within the cycle budget"
+            second = await collector.pull_all()  # the two it never reached go first now
+            assert second.ingested == 2
+            assert [collector.cursors[u].state(time.monotonic(), 5.0) for u in urls] == [
+                AgentState.FAILING, AgentState.UP, AgentState.UP]
+            await collector.close()
+
+        asyncio.run(scenario())

@@ -253,7 +253,7 @@ def test_top_and_trace_read_the_agent(agent):
     import sys
 
     port = _closed_port(C)
-    start = latest_seq(agent)
+    latest_seq(agent)  # the agent is up and serving before the trace starts
     trace = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "trace", "--agent", agent.url, "--json",
                               "--duration", "30", "--poll", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)

@@ -59,3 +59,20 @@ def test_cli_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [out.stderr.strip()]
     assert out.stderr.startswith("azprobe: safety.stale_after_s:")
+
+
+@pytest.mark.parametrize("controller, advertise", [
+    ({}, ""),  # loopback listen: another host's standby would probe itself
+    ({"listen": "0.0.0.0:9741"}, ""),
+    ({"listen": "10.0.1.5:9741"}, "10.0.1.5:9741"),
+    ({"listen": "0.0.0.0:9741", "advertise": "10.0.1.5:9741"}, "10.0.1.5:9741"),
+    ({"advertise": "127.0.0.1:9800"}, "127.0.0.1:9800"),  # explicit: the operator's call
+])
+def test_advertised_address_for_the_leader_probe(controller, advertise):
+    assert parse_config({**MINIMAL, "controller": controller}).controller.advertise == advertise
+
+
+def test_advertise_must_name_a_host():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({**MINIMAL, "controller": {"advertise": "0.0.0.0:9741"}})
+    assert exc.value.field == "controller.advertise"

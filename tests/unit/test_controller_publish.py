@@ -90,3 +90,4 @@ def test_dechunk_complete_incomplete_and_bad():
     assert _dechunk(bytearray(b"0\r\nX-Trailer: 1\r\n\r\n"), 0) == b""
     with pytest.raises(HttpError):
         _dechunk(bytearray(b"zz\r\n"), 0)
+

@@ -49,6 +49,7 @@ def test_textbook_drill_figures() -> None:
     assert m.min_share_seen == 8
     assert m.max_generation_gap == 17.5  # 13.5 -> 31.0: nothing moved during the fault
     assert m.min_share_during["az-b"] == 8
+    assert m.max_share_after_drain == 10  # stayed drained until the clear
     assert m.takeover_s is None
 
 
@@ -135,6 +136,7 @@ def test_oscillating_drill_reports_reversals_for_the_sick_az_only() -> None:
     samples = [kv(float(i), i + 1, 33, b, 67 - b) for i, b in enumerate([34, 10, 30, 10, 30])]
     m = compute_metrics(samples, [FaultEvent(0.5, "fault"), FaultEvent(10.0, "clear")], ["az-b"])
     assert m.direction_reversals == 3
+    assert m.max_share_after_drain == 30  # drained at t=1, pulled back to 30 while still sick
 
 
 def test_all_zones_panic_sums_every_sick_zone_and_sees_the_state() -> None:
@@ -291,17 +293,19 @@ def test_generated_controller_config_passes_the_controllers_parser() -> None:
     assert config.heartbeat_s == 1.0
 
 
-def test_agent_config_copy_changes_only_the_listen_address() -> None:
+def test_agent_config_copy_changes_only_listen_and_interval() -> None:
     import tomllib
 
     from agent.config import parse_agent_config
-    from azprobe.demo.configs import agent_config_with_listen
+    from azprobe.demo.configs import agent_config_for_demo
 
     lab_doc = {"node": {"name": "lab", "az": "az-a"}, "agent": {"listen": "127.0.0.1:9740", "interval_s": 1.0},
                "topology": {"az-a": ["198.18.1.0/24"], "az-b": ["198.18.2.0/24", "2001:2:0:20::/60"]}}
-    config = parse_agent_config(tomllib.loads(agent_config_with_listen(lab_doc, "127.0.0.1:19999")))
+    config = parse_agent_config(tomllib.loads(agent_config_for_demo(lab_doc, "127.0.0.1:19999")))
     assert config.listen == ("127.0.0.1", 19999)
     assert config.az == "az-a" and config.interval_s == 1.0
+    faster = parse_agent_config(tomllib.loads(agent_config_for_demo(lab_doc, "127.0.0.1:19999", interval_s=0.5)))
+    assert faster.interval_s == 0.5 and faster.topology == config.topology
     assert [str(n) for n in config.topology["az-b"]] == ["198.18.2.0/24", "2001:2:0:20::/60"]
 
 
@@ -333,3 +337,18 @@ def test_frame_redraws_in_place() -> None:
     out = frame(["a", "bb"])
     assert out.startswith(HOME) and out.endswith(ERASE_BELOW)
     assert out.count(ERASE_LINE) == 2 and "\x1b[2J" not in out  # no full clear: no flicker
+
+
+def test_drill_checks_and_summary_follow_the_scenario() -> None:
+    from azprobe.demo.cli import _summary
+    from azprobe.demo.runner import DrillResult
+
+    drained = DrillResult("delay-loss", ["az-b"], 30.0, compute_metrics(DRILL, EVENTS, ["az-b"]), DRILL, EVENTS)
+    assert drained.checks() == {"recovered": True, "drained": True}
+    never = compute_metrics(DRILL[:5], EVENTS, ["az-b"])
+    panic = DrillResult("all-zones", ["az-b"], 30.0, never, DRILL[:5], EVENTS, expect_drain=False, expect_panic=True)
+    assert panic.checks() == {"recovered": False, "panic_seen": False}
+    text = _summary(panic.to_json())
+    assert "recover   never" in text and "panic_seen FAILED" in text
+    doc = drained.to_json()
+    assert doc["scenario"] == "delay-loss" and doc["detect_s"] == 2.5 and doc["checks"]["drained"]

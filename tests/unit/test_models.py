@@ -156,12 +156,44 @@ def test_default_health_falls_with_each_signal():
 
 
 def test_default_latency_is_relative_to_the_baseline_zone():
-    m = DefaultModel()
-    # 100 ms is fine when everyone is at ~100 ms (another region), bad when others are at 10.
+    # A service whose healthy P95 is ~100 ms (e.g. cross-region) raises the baseline cap;
+    # then 100 ms is fine when everyone is at ~100 ms, bad when others are at 10.
+    m = DefaultModel(DefaultModelConfig(latency_baseline_max_ms=150.0))
     far = m.evaluate({"a": ZoneStats(1.0, 95.0), "b": ZoneStats(1.0, 100.0)})
     near = m.evaluate({"a": ZoneStats(1.0, 10.0), "b": ZoneStats(1.0, 100.0)})
     assert far["b"].health == pytest.approx(1.0)
     assert near["b"].health < 0.95
+
+
+def test_default_latency_baseline_does_not_follow_every_zone_up():
+    """The all-zones drill: every zone +200 ms (and noisy 5 % loss). With the baseline =
+    the best zone's P95 the latency stopped counting ("p95 204.2 ms vs baseline 204.2 ms
+    ... penalty 0.00") and a zone whose loss read low for a cycle scored 1.000. The
+    baseline is capped at latency_baseline_max_ms, so uniform +200 ms degrades them all."""
+    model = DefaultModel()
+    rng = random.Random(7)
+    for _ in range(500):
+        zones = {az: ZoneStats(1 - rng.uniform(0.0, 0.08), 200 + rng.uniform(2, 15), rng.uniform(0.2, 0.5),
+                               rng.uniform(0, 0.08), rng.uniform(0, 0.05), 5000) for az in ("az-a", "az-b", "az-c")}
+        # the noisy cycle: az-a's loss reads zero and it has the lowest P95
+        zones["az-a"] = ZoneStats(1.0, 201.0, 0.3, 0.0, 0.0, 5000)
+        verdicts = model.evaluate(zones)
+        assert all(v.health < model.degraded_below for v in verdicts.values()), verdicts
+        assert any("capped at latency_baseline_max_ms 50" in r for r in verdicts["az-a"].reasons)
+    # the cap only matters when the best zone is slow: intra-region baselines are unchanged
+    v = model.evaluate(load_stats("stats_documents_example.json"))["az-b"]
+    assert any("vs baseline 12.3 ms" in r for r in v.reasons)
+
+
+def test_default_latency_baseline_cap_comes_from_config():
+    cfg = DefaultModelConfig.from_section(Section({"latency_baseline_max_ms": 400.0}, "model.default"))
+    assert cfg.latency_baseline_max_ms == 400.0
+    assert DefaultModelConfig().latency_baseline_max_ms == 50.0
+    uniform = {az: ZoneStats(1.0, 204.0, 0.3, 0.0, 0.0, 5000) for az in ("a", "b")}
+    assert all(v.health == pytest.approx(1.0) for v in DefaultModel(cfg).evaluate(uniform).values())
+    with pytest.raises(ConfigError) as err:
+        DefaultModelConfig.from_section(Section({"latency_baseline_max_ms": -1}, "model.default"))
+    assert err.value.field == "model.default.latency_baseline_max_ms"
 
 
 def test_default_missing_inputs_never_drain():

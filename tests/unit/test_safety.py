@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from azprobe.config import Section
 from azprobe.errors import ConfigError
 from azprobe.weights import ZoneWeights
-from controller.models import WEIGHT_MIN, ZoneHealth, ZoneStats, decay_weight
+from controller.models import WEIGHT_MIN, DefaultModel, ZoneHealth, ZoneStats, decay_weight
+from controller.policy import Policy
 from controller.safety import Controls, SafetyConfig, SafetyState, apply_safety, project_shares
 
 T0 = 1_764_470_000.0
-CFG = SafetyConfig(degraded_below=0.90, drain_dwell_s=0.0)
+# Each rule on its own: the timers of the other rules (drain dwell, recovery dwell, panic
+# exit) are off here unless a test is about them.
+CFG = SafetyConfig(degraded_below=0.90, drain_dwell_s=0.0, recover_dwell_s=0.0, panic_exit_s=0.0)
 GOOD = ZoneStats(success=0.999, p95_ms=10.0, util=0.4, samples=1000)
 
 
@@ -189,7 +193,7 @@ def test_hysteresis_band_holds_small_moves():
 
 
 def test_degraded_state_has_a_recovery_band():
-    c = Cycle(SafetyConfig(degraded_below=0.90, recovery_band=0.03, drain_dwell_s=0))
+    c = Cycle(SafetyConfig(degraded_below=0.90, recovery_band=0.03, drain_dwell_s=0, recover_dwell_s=0))
     assert c.run({"az-a": 1.0, "az-b": 0.89}).zones["az-b"].state == "degraded"
     assert c.run({"az-a": 1.0, "az-b": 0.91}).zones["az-b"].state == "degraded"  # inside the band
     assert c.run({"az-a": 1.0, "az-b": 0.935}).zones["az-b"].state == "ok"
@@ -350,3 +354,152 @@ def test_shift_is_honoured_even_without_fresh_data():
     d = c.run({}, dt=5, controls=Controls(shifts={"az-a": T0 + 1000}))
     assert d.zones["az-a"].share == 1 and d.zones["az-a"].state == "shifted"
     assert d.zones["az-b"].share + d.zones["az-c"].share == 99
+
+
+# ---------------------------------------------------------------- drill regressions (e2e)
+
+
+def _all_zones_fault(rng: random.Random) -> dict[str, ZoneStats]:
+    """One cycle of the all-zones drill: every zone +200 ms and (noisy) 5 % loss."""
+    return {az: ZoneStats(1 - rng.uniform(0.02, 0.08), 204 + rng.uniform(0, 10), rng.uniform(0.3, 0.4),
+                          rng.uniform(0.0, 0.08), rng.uniform(0.0, 0.05), 3000) for az in ("az-a", "az-b", "az-c")}
+
+
+def test_all_zones_drill_is_panic_throughout_not_a_drain():
+    """The `all-zones` drill through the whole policy (default model + rules). It used to
+    leave panic as soon as one zone's noisy loss read low for a cycle (latency no longer
+    counted: the baseline had followed every zone up), and then drain another zone."""
+    rng = random.Random(42)
+    policy = Policy(DefaultModel())
+    state, now = SafetyState(), T0
+    healthy = {az: ZoneStats(0.9995, 10.0 + i, 0.35, 0.001, 0.0, 3000) for i, az in enumerate(("az-a", "az-b", "az-c"))}
+    for _ in range(3):
+        now += 1.0
+        d = policy.decide(healthy, now=now, state=state)
+        state = d.safety_state
+    assert d.state == "ok"
+    for cycle in range(15):
+        now += 1.0
+        zones = _all_zones_fault(rng)
+        if cycle == 5:  # the noisy cycle: az-b reads no loss at all and the lowest P95
+            zones["az-b"] = ZoneStats(1.0, 203.0, 0.35, 0.0, 0.0, 3000)
+        d = policy.decide(zones, now=now, state=state)
+        state = d.safety_state
+        check_invariants(d)
+        assert d.state == "panic", (cycle, d.reasons, {az: z.reasons for az, z in d.zones.items()})
+        assert {z.state for z in d.zones.values()} == {"panic"}
+        assert all(33 <= s <= 34 for s in d.shares.values()), (cycle, d.shares)
+    # the fault clears: panic holds (even spread) while the zones prove themselves, then ok,
+    # and at no point is a zone drained
+    states = []
+    for _ in range(20):
+        now += 1.0
+        d = policy.decide(healthy, now=now, state=state)
+        state = d.safety_state
+        states.append(d.state)
+        assert all(33 <= s <= 34 for s in d.shares.values()), d.shares
+    assert states[0] == "panic" and states[-1] == "ok"
+
+
+def test_panic_holds_until_out_of_the_condition_for_panic_exit_s():
+    """A single good cycle from one zone must not end panic (recovery dwell off here, to
+    test the panic hysteresis on its own)."""
+    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, recover_dwell_s=0, panic_exit_s=10))
+    c.run(HEALTHY3)
+    sick = {"az-a": 0.6, "az-b": 0.7, "az-c": 0.5}
+    assert c.run(sick).state == "panic"
+    blip = c.run({**sick, "az-a": 1.0})  # one zone reads healthy for one cycle
+    assert blip.state == "panic" and {z.state for z in blip.zones.values()} == {"panic"}
+    assert blip.shares == {"az-a": 34, "az-b": 33, "az-c": 33}
+    assert any("panic held" in r for r in blip.reasons)
+    c.run(sick)  # back in the condition: the exit timer starts over
+    out_since = c.now + 1.0
+    while c.now + 1.0 < out_since + 10.0 - 0.5:  # az-a and az-b healthy, az-c still sick
+        d = c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5})
+        assert d.state == "panic", c.now - out_since
+        assert min(d.shares.values()) >= 33  # nobody below the equal share while panic holds
+    d = c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5})  # 10 s out of the condition: over
+    assert d.state == "degraded" and d.zones["az-c"].share == 1
+    assert any("panic over" in r for r in d.reasons)
+
+
+def test_panic_exit_zero_leaves_panic_at_once():
+    c = Cycle()  # panic_exit_s = 0
+    c.run(HEALTHY3)
+    c.run({"az-a": 0.6, "az-b": 0.7, "az-c": 0.5})
+    assert c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5}).state == "degraded"
+
+
+def test_recovery_waits_for_recover_dwell_and_a_blip_moves_nothing():
+    """A zone under a sustained fault read healthy for one cycle and was set back to ok
+    (share 1 -> 11 -> 4). It must stay above the recovery band for recover_dwell_s first."""
+    c = Cycle(SafetyConfig(degraded_below=0.9, recovery_band=0.03, drain_dwell_s=0, recover_dwell_s=3.0))
+    c.run(HEALTHY3)
+    assert c.run({**HEALTHY3, "az-c": 0.5}).zones["az-c"].share == 1
+    blip = c.run(HEALTHY3)  # one healthy cycle in the middle of the fault
+    assert blip.zones["az-c"].share == 1 and blip.zones["az-c"].state == "degraded"
+    assert any("recover_dwell 3 s" in r for r in blip.zones["az-c"].reasons)
+    assert c.run({**HEALTHY3, "az-c": 0.5}).zones["az-c"].share == 1
+    assert c.run({**HEALTHY3, "az-c": 0.92}).zones["az-c"].share == 1  # inside the band: no timer
+    shares = [c.run(HEALTHY3).zones["az-c"].share for _ in range(6)]  # the fault really is over
+    assert shares == [1, 1, 1, 6, 11, 16]  # 3 s above the band, then the capped step
+    assert c.last.zones["az-c"].state == "ok"
+
+
+def test_drain_dwell_tolerates_cycle_jitter():
+    """A 1 s dwell at a 1 s interval took two cycles: the second cycle came 0.998 s after
+    the first (pull time jitter) and 0.998 < 1.0 held the drain for another cycle."""
+    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=1.0))
+    c.run(HEALTHY3)
+    assert c.run({**HEALTHY3, "az-c": 0.5}, dt=1.003).zones["az-c"].share == 33  # dwell starts
+    assert c.run({**HEALTHY3, "az-c": 0.5}, dt=0.998).zones["az-c"].share == 1
+    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=1.0))  # the slack stays small
+    c.run(HEALTHY3)
+    c.run({**HEALTHY3, "az-c": 0.5})
+    assert c.run({**HEALTHY3, "az-c": 0.5}, dt=0.85).zones["az-c"].share == 33
+
+
+def test_drained_share_goes_to_the_others_in_proportion_to_their_weights():
+    """Seen in a drill: az-a 34 / az-c 65 while az-b drained. az-a sat just below the fair
+    share (slightly less healthy), counted as 'recovering', was capped at +5, and the rest
+    was spread additively -- over az-c *and* the draining az-b."""
+    c = Cycle()
+    steady = {"az-a": 0.975, "az-b": 1.0, "az-c": 1.0}
+    for _ in range(3):
+        before = c.run(steady).shares
+    assert before["az-a"] < 30
+    d = c.run({**steady, "az-b": 0.5})
+    ratio = math.exp(-12 * 0.025)  # share_raw(az-a) / share_raw(az-c)
+    assert d.shares["az-b"] == 1
+    assert abs(d.shares["az-a"] - 99 * ratio / (1 + ratio)) <= 1, d.shares
+    # equally healthy zones split a drain evenly
+    c = Cycle()
+    c.run(HEALTHY3)
+    assert c.run({**HEALTHY3, "az-b": 0.5}).shares == {"az-a": 50, "az-b": 1, "az-c": 49}
+
+
+def test_a_recovering_zone_takes_its_part_of_a_drain_on_top_of_its_step():
+    c = Cycle()
+    c.run(HEALTHY3)
+    c.run({**HEALTHY3, "az-a": 0.5})  # az-a drained
+    for _ in range(3):
+        c.run(HEALTHY3)  # ... and recovering: 6, 11, 16
+    before = c.last.shares
+    assert before["az-a"] == 16
+    d = c.run({**HEALTHY3, "az-b": 0.5})
+    assert d.shares["az-b"] == 1  # the drain is not slowed by az-a's recovery cap
+    # az-a: +5 of its own recovery + half of what az-b gave up (equal weights with az-c)
+    assert abs(d.shares["az-a"] - (before["az-a"] + 5 + (before["az-b"] - 1) / 2)) <= 1, (before, d.shares)
+    assert abs(c.run({**HEALTHY3, "az-b": 0.5}).shares["az-a"] - 49.5) <= 1  # next cycle: even
+
+
+def test_timer_config_from_section():
+    cfg = SafetyConfig.from_section(Section({"recover_dwell_s": 5, "panic_exit_s": 20, "timer_slack_s": 0.2},
+                                            "safety"))
+    assert (cfg.recover_dwell_s, cfg.panic_exit_s, cfg.timer_slack_s) == (5.0, 20.0, 0.2)
+    default = SafetyConfig()
+    assert (default.recover_dwell_s, default.panic_exit_s, default.timer_slack_s) == (3.0, 10.0, 0.1)
+    for key in ("recover_dwell_s", "panic_exit_s", "timer_slack_s"):
+        with pytest.raises(ConfigError) as err:
+            SafetyConfig.from_section(Section({key: -1}, "safety"))
+        assert err.value.field == f"safety.{key}"
