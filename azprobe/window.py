@@ -113,7 +113,7 @@ def _str(doc: Mapping, key: str, where: str) -> str:
 
 def _count(doc: Mapping, key: str, where: str) -> int:
     value = doc.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:  # bool is not a count
         raise WindowError(f"{where}{key}: expected a count 0..2^53, got {value!r:.40}")
     return value
 
@@ -132,16 +132,14 @@ def parse_path(doc: object, where: str = "paths[]") -> PathStats:
     if not isinstance(doc, Mapping):
         raise WindowError(f"{where}: expected an object")
     prefix = where + "."
-    path = PathStats(src=_str(doc, "src", prefix), dst=_str(doc, "dst", prefix))
-    for name in COUNTER_FIELDS:
-        setattr(path, name, _count(doc, name, prefix))
+    fields = {name: _count(doc, name, prefix) for name in COUNTER_FIELDS}
     for name in HISTOGRAM_FIELDS:
         if name in doc:
             try:
-                setattr(path, name, Histogram.from_json(doc[name]))
+                fields[name] = Histogram.from_json(doc[name])
             except ValueError as exc:
                 raise WindowError(f"{prefix}{name}: {exc}") from None
-    return path
+    return PathStats(_str(doc, "src", prefix), _str(doc, "dst", prefix), **fields)
 
 
 def parse_window(doc: object) -> Window:

@@ -6,6 +6,9 @@
     state = decision.safety_state            # keep for the next cycle
     if decision.publishable: write decision.to_zones_json() ...
 
+The rules' timers (drain dwell, recovery dwell, panic exit; controller/safety.py) live in
+the SafetyState and are measured on `now`: pass the same clock (wall seconds) every cycle.
+
 Only zones with evidence (``ZoneStats.is_evidence(min_samples)``) reach the model, so a
 zone with three samples cannot set the latency baseline of the others. Use one `Policy`
 and one `SafetyState` per view (the global view and each weights/from/<src> view).

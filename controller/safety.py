@@ -19,21 +19,38 @@ through these rules, in this order, every cycle (``apply_safety``):
    (1 %) at once; state ``shifted``. Shifts use drain slots (rule 6).
 5. **Panic**: at least two fresh zones and every fresh zone degraded -> spread evenly,
    at once; state ``panic`` on every zone (what Envoy's panic threshold does too: when
-   everything looks bad, the measurement is the likelier culprit).
+   everything looks bad, the measurement is the likelier culprit). Panic has hysteresis:
+   it is entered at once but left only after the zones have been *out of* the panic
+   condition for ``panic_exit_s`` (default 10 s); back in the condition restarts that
+   timer. Why: in the all-zones drill (+200 ms, 5 % loss everywhere) one zone's noisy
+   loss read healthy for a single cycle, panic ended, and the one allowed drain took
+   another zone to 1-3 % -- the very incident this module exists to prevent. While
+   panic holds, every zone not shifted by an operator has an equal share.
 6. **Max drained zones**: at most ``max_drained_zones`` degraded zones drain at once,
    the least healthy first; the others are held at the best healthy zone's weight.
 7. **Dwell**: a zone that just turned degraded keeps its share for ``drain_dwell_s``; a
-   spike from the detector (``spikes[az]``) skips the dwell.
+   spike from the detector (``spikes[az]``) skips the dwell. Every timer here (drain
+   dwell, recovery dwell, panic exit) counts as elapsed ``timer_slack_s`` (0.1 s) early:
+   cycles are an interval apart only give or take the pull time, and a 1 s dwell at a
+   1 s interval that read 0.998 s waited a whole extra cycle.
 8. **Anti-flap**: hysteresis -- nothing moves unless some share would move by at least
-   ``hysteresis_points`` (a capped move under way still finishes); zone states use a band
-   (degraded below ``degraded_below`` -- by default the model's own threshold -- ok again
-   only ``recovery_band`` above it). Drain fast, recover slowly: a zone *below its fair
-   share* (100/n) whose target is higher gains at most ``max_increase_points`` per cycle;
-   any zone loses at most ``max_decrease_points`` per cycle; the other zones absorb a
-   drain freely (a drain must not wait for the slow recovery cap; if only recovering
-   zones are left to absorb, the cap yields for that cycle). The capped move is the
-   closest point to the target inside those bounds (a box-constrained projection), so
-   shares still sum to 100.
+   ``hysteresis_points`` (a capped move under way still finishes). Zone states use a band
+   *and* a dwell: degraded below ``degraded_below`` (by default the model's own
+   threshold); ok again only after the health has stayed at or above ``degraded_below +
+   recovery_band`` for ``recover_dwell_s`` (default 3 s) -- until then the zone keeps its
+   degraded verdict (weight and share), so a one-cycle blip in a sustained fault moves
+   nothing (a drill once saw share 1 -> 11 -> 4 from one good reading). A zone being
+   drained (degraded in a drain slot, or shifted) never gains share.
+   Drain fast, recover slowly: a zone *below its fair share* (100/n) whose target is
+   higher gains at most ``max_increase_points`` per cycle on its own recovery; any zone
+   loses at most ``max_decrease_points`` per cycle. What draining zones give up goes to
+   all the other zones in proportion to their targets (weights) -- a recovering zone gets
+   its part on top of its capped step, so two equally healthy zones split a drain evenly
+   and a drain never waits for a recovery cap (if only recovering zones are left to
+   absorb, the cap yields for that cycle). The capped move is the target scaled into
+   those bounds (``project_shares``: scaling keeps the free zones' ratios, so a share a
+   capped zone cannot take is spread by weight, never handed back to a draining zone),
+   and shares still sum to 100.
 9. **Output**: integer shares, each >= 1, summing to exactly 100; never empty, zero or NaN.
 
 The state carried between cycles is the immutable ``SafetyState`` returned inside every
@@ -225,7 +242,7 @@ def _since(start: float | None, now: float) -> float:
     return now if start is None or start > now else start
 
 
-def _elapsed(start: float, now: float, period: float, cfg: "SafetyConfig") -> bool:
+def _elapsed(start: float, now: float, period: float, cfg: SafetyConfig) -> bool:
     """Whether `period` has passed since `start`, give or take the cycle jitter.
 
     The daemon decides once per interval, but each cycle's clock reading lands a few ms
@@ -521,7 +538,17 @@ def apply_safety(
     elif panic:
         shares = shares_from_weights(target)
     else:
-        converging = False
+        # A zone still being drained never gains share, even when its (partial) health
+        # would give it more: its target is pinned at its share and the others rescaled.
+        # Pinned here, before the hysteresis check, so that the capped move does not look
+        # forever unfinished (which would let every small move of the others through).
+        pinned = {az: float(last[az]) for az in draining if not zones[az].floor and target[az] > last[az]}
+        others = math.fsum(target[az] for az in names if az not in pinned)
+        if pinned and others > 0:
+            rest = (SHARE_TOTAL - math.fsum(pinned.values())) / others
+            target = {az: pinned[az] if az in pinned else target[az] * rest for az in names}
+            for az in pinned:
+                zones[az].reasons.append("still degraded: share not raised until it recovers")
         moves = [abs(target[az] - last[az]) for az in names if not zones[az].hold_share]
         # hysteresis holds new small moves, not the last steps of a capped move under way
         if (not moves or max(moves) < cfg.hysteresis_points) and not state.converging \
@@ -540,8 +567,6 @@ def apply_safety(
                     # never more than its target (what it gives up goes to the others, never
                     # back to it) and never more than it had
                     hi[az] = min(max(target[az], lo[az]), prev, hi[az])
-                    if target[az] > prev and not z.floor:
-                        z.reasons.append("still degraded: share not raised until it recovers")
                 if not z.floor and not z.hold_share and target[az] < lo[az]:
                     z.reasons.append(f"draining: at most -{cfg.max_decrease_points:g} points per cycle"
                                      f" (target {target[az]:.1f})")

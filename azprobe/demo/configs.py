@@ -42,6 +42,9 @@ def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float
     return toml_tables(tables)
 
 
+LEADER_PROBE_FAILURES = 2  # silent leader probes (one per cycle) before a standby takes over
+
+
 @dataclass(frozen=True)
 class ControllerPlan:
     """What differs between the demo's controllers: everything else is the drill's."""
@@ -61,7 +64,11 @@ def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, age
         safety["drain_dwell_s"] = drain_dwell_s
     return toml_tables({
         "controller": {"name": plan.name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
-                       "listen": plan.listen, "session_ttl_s": session_ttl_s, "lock_delay_s": lock_delay_s},
+                       "listen": plan.listen, "session_ttl_s": session_ttl_s, "lock_delay_s": lock_delay_s,
+                       # both controllers share this host: a standby probes the leader's
+                       # /healthz and invalidates a dead leader's session without waiting
+                       # for Consul's 2 x TTL
+                       "advertise": plan.listen, "leader_probe_failures": LEADER_PROBE_FAILURES},
         "consul": {"address": consul_url, "prefix": prefix},
         "agents": {"static": list(agent_urls), "pull_timeout_s": 0.5},
         "model": {"name": model},

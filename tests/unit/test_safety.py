@@ -10,9 +10,21 @@ import pytest
 from azprobe.config import Section
 from azprobe.errors import ConfigError
 from azprobe.weights import ZoneWeights
-from controller.models import WEIGHT_MIN, DefaultModel, ZoneHealth, ZoneStats, decay_weight
+from controller.models import (
+    WEIGHT_MIN,
+    DefaultModel,
+    ZoneHealth,
+    ZoneStats,
+    decay_weight,
+)
 from controller.policy import Policy
-from controller.safety import Controls, SafetyConfig, SafetyState, apply_safety, project_shares
+from controller.safety import (
+    Controls,
+    SafetyConfig,
+    SafetyState,
+    apply_safety,
+    project_shares,
+)
 
 T0 = 1_764_470_000.0
 # Each rule on its own: the timers of the other rules (drain dwell, recovery dwell, panic
