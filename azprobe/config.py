@@ -8,6 +8,7 @@ and exit code 2, never a traceback or a silently ignored setting.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -129,3 +130,41 @@ def parse_topology(section: Section) -> dict[str, list[ipaddress.IPv4Network | i
                 raise ConfigError(section.field(other_az), f"{other_net} overlaps {net} of {az}",
                                   "each address must belong to one AZ")
     return topology
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as a TOML value")
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("-", "").replace("_", "").isalnum() else json.dumps(key)
+
+
+def dump_toml(tables: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
+    """Write the configs azprobe generates (lab, demo, tests): tables of scalars and lists,
+    nested tables as [a.b], in the given order. `header` becomes a leading comment."""
+    lines = [f"# {line}" for line in header.splitlines()]
+
+    def table(name: str, body: Mapping[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        nested = []
+        for key, value in body.items():
+            if isinstance(value, Mapping):
+                nested.append((f"{name}.{_toml_key(key)}", value))
+            else:
+                lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+        lines.append("")
+        for sub_name, sub in nested:
+            table(sub_name, sub)
+
+    for name, body in tables.items():
+        table(_toml_key(name), body)
+    return "\n".join(lines)

@@ -19,43 +19,11 @@ from typing import Any
 
 import consul
 
+from azprobe.config import dump_toml
 from azprobe.devconsul.testing import free_port
 from azprobe.weights import WeightsDoc, parse_weights
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def toml_dumps(data: dict[str, Any]) -> str:
-    """Enough TOML for controller configs: tables of strings, numbers, bools, string lists."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(f"cannot write {v!r} as TOML")
-
-    lines: list[str] = []
-
-    def table(name: str, body: dict[str, Any]) -> None:
-        lines.append(f"[{name}]")
-        subs = []
-        for k, v in body.items():
-            if isinstance(v, dict):
-                subs.append((f"{name}.{k}", v))
-            else:
-                lines.append(f"{k} = {value(v)}")
-        lines.append("")
-        for sub_name, sub in subs:
-            table(sub_name, sub)
-
-    for name, body in data.items():
-        table(name, body)
-    return "\n".join(lines)
 
 
 def controller_config(name: str, consul_url: str, agents: list[str], *, listen_port: int,
@@ -86,7 +54,7 @@ class ControllerProcess:
         return cls(tmp_path, controller_config(name, consul_url, agents, listen_port=free_port(), **kwargs))
 
     def start(self) -> "ControllerProcess":
-        self.config_path.write_text(toml_dumps(self.config))
+        self.config_path.write_text(dump_toml(self.config))
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "controller", "--config",
                                       str(self.config_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} as a TOML value")
-
-
-def toml_tables(tables: Mapping[str, Mapping[str, Any]]) -> str:
-    """Tables of scalars and lists (all our configs need), in the given order."""
-    out = []
-    for name, table in tables.items():
-        out.append(f"[{name}]")
-        out += [f"{json.dumps(k) if not k.replace('-', '').replace('_', '').isalnum() else k} = {toml_value(v)}"
-                for k, v in table.items()]
-        out.append("")
-    return "\n".join(out)
+from azprobe.config import dump_toml
 
 
 def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float | None = None) -> str:
@@ -39,7 +17,7 @@ def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float
     tables.setdefault("agent", {})["listen"] = listen
     if interval_s is not None:
         tables["agent"]["interval_s"] = interval_s
-    return toml_tables(tables)
+    return dump_toml(tables)
 
 
 LEADER_PROBE_FAILURES = 2  # silent leader probes (one per cycle) before a standby takes over
@@ -62,7 +40,7 @@ def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, age
     safety: dict[str, Any] = {"min_samples": min_samples, "heartbeat_s": heartbeat_s}
     if drain_dwell_s is not None:
         safety["drain_dwell_s"] = drain_dwell_s
-    return toml_tables({
+    return dump_toml({
         "controller": {"name": plan.name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
                        "listen": plan.listen, "session_ttl_s": session_ttl_s, "lock_delay_s": lock_delay_s,
                        # both controllers share this host: a standby probes the leader's

@@ -34,7 +34,8 @@ from azprobe.demo.metrics import DrillMetrics, FaultEvent, KvSample, compute_met
 from azprobe.demo.processes import ManagedProcess, azprobe_argv
 from azprobe.demo.recorder import KvRecorder, LeaderRecorder
 from azprobe.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
-from azprobe.demo.view import ViewState, path_rows, zone_rows
+from azprobe.demo.view import ViewState, zone_rows
+from azprobe.top import summarise
 from azprobe.devconsul.testing import free_port
 from azprobe.errors import PrerequisiteError
 from azprobe.window import Window, WindowError, parse_window
@@ -266,7 +267,7 @@ def _view_state(drill: _Drill, recorder: KvRecorder, poller: AgentPoller, phase:
     doc = recorder.latest
     state = ViewState(scenario=drill.scenario.name, description=drill.scenario.description, phase=phase,
                       phase_elapsed_s=time.monotonic() - phase_t0, fault=drill.fault_text,
-                      paths=[p for p in path_rows(list(poller.recent)) if p.dst in drill.stack.azs],
+                      paths=[p for p in summarise(poller.recent) if p.dst in drill.stack.azs],
                       log=drill.log_lines[-5:])
     if doc is not None:
         state.zones = zone_rows(doc)

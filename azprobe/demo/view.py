@@ -9,23 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from azprobe.window import PathStats, Window
+from azprobe.top import PathSummary
 
 RESET, BOLD, DIM, RED, GREEN, YELLOW, CYAN = "\x1b[0m", "\x1b[1m", "\x1b[2m", "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[36m"
 HOME, ERASE_LINE, ERASE_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
 BAR_WIDTH = 40
-
-
-@dataclass(frozen=True)
-class PathRow:
-    src: str
-    dst: str
-    p95_rtt_ms: float | None
-    p95_connect_ms: float | None
-    conn_per_s: float
-    fail_pct: float | None
-    syn_retrans: int
-    rto: int
 
 
 @dataclass(frozen=True)
@@ -46,7 +34,7 @@ class ViewState:
     phase: str  # starting | baseline | fault | recovery | done
     phase_elapsed_s: float = 0.0
     fault: str = ""  # what is injected right now, "" when healthy
-    paths: list[PathRow] = field(default_factory=list)
+    paths: list[PathSummary] = field(default_factory=list)
     zones: list[ZoneRow] = field(default_factory=list)
     generation: int | None = None
     doc_state: str = ""
@@ -55,34 +43,6 @@ class ViewState:
     detect_s: float | None = None
     recover_s: float | None = None
     log: list[str] = field(default_factory=list)  # recent events, newest last
-
-
-def path_rows(windows: Sequence[Window]) -> list[PathRow]:
-    """Merge the given windows (the last few seconds of one agent) per path."""
-    merged: dict[tuple[str, str], PathStats] = {}
-    span = 0.0
-    for w in windows:
-        span += max(w.end - w.start, 0.0)
-        for p in w.paths:
-            key = (p.src, p.dst)
-            if key not in merged:
-                merged[key] = PathStats(src=p.src, dst=p.dst)
-            merged[key].merge(p)
-    rows = []
-    for (src, dst), p in sorted(merged.items()):
-        done = p.conn_ok + p.conn_refused + p.conn_timeout
-        rtt = p.rtt_us.quantile(0.95)
-        connect = p.connect_us.quantile(0.95)
-        rows.append(PathRow(
-            src=src, dst=dst,
-            p95_rtt_ms=rtt / 1000 if rtt is not None else None,
-            p95_connect_ms=connect / 1000 if connect is not None else None,
-            conn_per_s=p.conn_attempts / span if span > 0 else 0.0,
-            fail_pct=100.0 * (p.conn_refused + p.conn_timeout) / done if done else None,
-            syn_retrans=p.syn_retrans,
-            rto=p.rto,
-        ))
-    return rows
 
 
 def zone_rows(doc: object) -> list[ZoneRow]:
@@ -125,7 +85,7 @@ def render(state: ViewState, *, ansi: bool = True, sick: Iterable[str] = ()) -> 
     ]
     for p in state.paths:
         row = (f"{p.src + '>' + p.dst:<14}{_fmt(p.p95_rtt_ms, '.1f'):>10}{_fmt(p.p95_connect_ms, '.1f'):>10}"
-               f"{p.conn_per_s:8.1f}{_fmt(p.fail_pct, '7.1f'):>8}{p.syn_retrans:8d}{p.rto:6d}")
+               f"{p.conn_per_s:8.1f}{_fmt(p.failure_pct, '7.1f'):>8}{p.syn_retrans:8d}{p.rto:6d}")
         lines.append(_paint(row, RED if p.dst in sick_set and state.fault else "", ansi))
     if not state.paths:
         lines.append(_paint("(waiting for the agent's first window)", DIM, ansi))

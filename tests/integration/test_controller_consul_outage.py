@@ -2,9 +2,8 @@
 data dir): the controller keeps running and pulling, logs each state change once, and
 resumes writing when Consul returns.
 
-The issue asks for a 60 s outage; the behaviour does not depend on the length (the
-controller's session may or may not survive, both paths re-acquire), so the test uses
-OUTAGE_S to stay within the suite's time budget.
+The outage lasts the issue's 60 s, six session TTLs: the controller cannot renew its
+session all that time, steps down, and must come back as leader when Consul returns.
 """
 
 from __future__ import annotations
@@ -12,14 +11,16 @@ from __future__ import annotations
 import time
 
 import consul
+import pytest
 
 from tests.controller_harness import ControllerProcess, read_weights
 from tests.fakeagent import FakeAgentServer, zone_agents
 from tests.helpers import wait_for
 
-OUTAGE_S = 6.0
+OUTAGE_S = 60.0
 
 
+@pytest.mark.slow
 def test_consul_outage_keeps_running_and_resumes(devconsul, tmp_path):
     client = consul.Consul(host=devconsul.host, port=devconsul.port)
     server = FakeAgentServer(interval_s=0.2)
@@ -41,7 +42,7 @@ def test_consul_outage_keeps_running_and_resumes(devconsul, tmp_path):
             assert ctl.running and health is not None and health["consul_up"] is False
             assert health["leader"] is False  # cannot prove it holds the lock: stepped down
             time.sleep(0.2)  # pacing the observation loop, not synchronising
-        assert ctl.metric("azprobe_controller_cycle_seconds_count") >= cycles + 5
+        assert ctl.metric("azprobe_controller_cycle_seconds_count") >= cycles + 30
         assert ctl.metric("azprobe_controller_agents", state="up") == 4
 
         devconsul.start()
@@ -52,7 +53,7 @@ def test_consul_outage_keeps_running_and_resumes(devconsul, tmp_path):
         assert ctl.healthz()["consul_up"] is True and ctl.healthz()["leader"] is True
 
     log = ctl.log()
-    # One line per state change, not one per failed cycle (~30 cycles failed).
+    # One line per state change, not one per failed cycle (~60 cycles failed).
     assert log.count("consul lost") == 1, log
     assert log.count("consul regained") == 1, log
     assert log.count("stepped down") == 1, log

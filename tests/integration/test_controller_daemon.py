@@ -124,13 +124,13 @@ def test_all_agents_stale_holds_last_known_good_then_equal(devconsul, agents, tm
 def test_sighup_reloads_the_agent_list_and_survives_a_bad_edit(devconsul, agents, tmp_path):
     import signal
 
-    from tests.controller_harness import toml_dumps
+    from azprobe.config import dump_toml
 
     urls = [agents.url(k) for k in agents.agents]
     with ControllerProcess.make(tmp_path, "ctl-1", devconsul.url, urls[:2]) as ctl:
         wait_for(lambda: ctl.metric("azprobe_controller_agents", state="up") == 2, timeout=15, message="2 agents")
         ctl.config["agents"]["static"] = urls
-        ctl.config_path.write_text(toml_dumps(ctl.config))
+        ctl.config_path.write_text(dump_toml(ctl.config))
         ctl.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: ctl.metric("azprobe_controller_agents", state="up") == 6, timeout=15,
                  message="6 agents after SIGHUP")

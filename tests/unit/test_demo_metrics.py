@@ -225,29 +225,30 @@ def _window(seq: int, paths: list[dict]) -> "object":
                          "paths": paths, "lost_events": 0})
 
 
-def test_path_rows_merge_windows_per_path() -> None:
-    from azprobe.demo.view import path_rows
+def test_view_paths_merge_windows_per_path() -> None:
+    from azprobe.top import summarise
 
     p = {"src": "az-a", "dst": "az-b", "conn_attempts": 10, "conn_ok": 9, "conn_timeout": 1,
          "syn_retrans": 2, "rto": 1, "rtt_us": {"scheme": "loglin-16", "counts": {"200000": 5}}}
-    rows = path_rows([_window(1, [p]), _window(2, [p])])
+    rows = summarise([_window(1, [p]), _window(2, [p])])
     assert len(rows) == 1
     row = rows[0]
     assert (row.src, row.dst) == ("az-a", "az-b")
     assert row.conn_per_s == 10.0  # 20 attempts over 2 s
-    assert row.fail_pct == pytest.approx(10.0)
+    assert row.failure_pct == pytest.approx(10.0)
     assert row.syn_retrans == 4 and row.rto == 2
     assert 195 <= row.p95_rtt_ms <= 215
     assert row.p95_connect_ms is None
 
 
 def test_render_shows_phase_paths_zones_and_figures() -> None:
-    from azprobe.demo.view import PathRow, ViewState, ZoneRow, render, render_line
+    from azprobe.demo.view import ViewState, ZoneRow, render, render_line
+    from azprobe.top import PathSummary
 
     state = ViewState(
         scenario="delay-loss", description="az-b sick", phase="fault", phase_elapsed_s=3.0,
         fault="az-b: +200 ms, 5 % loss",
-        paths=[PathRow("az-a", "az-b", 201.0, 203.0, 12.0, 5.0, 3, 1)],
+        paths=[PathSummary("az-a", "az-b", 201.0, 203.0, 12.0, 5.0, 3, 1, 24)],
         zones=[ZoneRow("az-a", 46, 1.0, 0.99, "ok"), ZoneRow("az-b", 8, 0.14, 0.1, "degraded"),
                ZoneRow("az-c", 46, 1.0, 0.99, "ok")],
         generation=9, doc_state="degraded", leader="ctl-1", kv_writes=9, detect_s=2.4)
