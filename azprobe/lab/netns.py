@@ -89,19 +89,21 @@ def kill_pids(pids: Iterable[int], timeout: float = 3.0) -> None:
     for pid in pending:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if _alive(p)]
-        if pending:
-            time.sleep(0.02)
+    pending = _wait_gone(pending, timeout)
     for pid in pending:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    _wait_gone(pending, timeout)
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Poll until every pid has exited or `timeout` passes; returns the ones still alive."""
     deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if _alive(p)]
-        if pending:
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if _alive(p)]
+        if pids:
             time.sleep(0.02)
+    return pids
 
 
 def ns_argv(ns: str, argv: Sequence[str]) -> list[str]:
