@@ -168,6 +168,7 @@ class LoopStack:
             self._exit.close()
         except Exception as exc:  # cleanup must go on whatever failed first
             log.warning("demo cleanup: %s", exc)
+        stop_strays(self.work_dir)
         if self._own_work_dir and not self.keep:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -198,8 +199,9 @@ class LoopStack:
         config = self.work_dir / "agent.toml"
         config.write_text(agent_config_for_demo(lab_config, f"127.0.0.1:{port}", interval_s=AGENT_INTERVAL_S))
         self.agent = ManagedProcess("agent", azprobe_argv("agent", "--config", str(config)),
-                                    self.work_dir / "agent.log").start()
-        self._exit.callback(self.agent.stop)
+                                    self.work_dir / "agent.log")
+        self._exit.callback(self.agent.stop)  # before start(): an interrupt right after it is covered
+        self.agent.start()
         self.agent_url = f"http://127.0.0.1:{port}"
         poller = AgentPoller(self.agent_url)
         # Ready = the probe is loaded and a window already shows lab traffic.
@@ -247,6 +249,27 @@ class _Drill:
                 proc.check_alive()
 
 
+def stop_strays(work_dir: Path) -> None:
+    """Stop any child of ours still running from `work_dir`'s configs. A Ctrl-C or SIGTERM
+    that lands while a child is being spawned (between fork and our bookkeeping) leaves it
+    unrecorded; its command line still names a file under our work dir."""
+    import psutil
+
+    from azprobe.lab.netns import kill_pids
+
+    marker = str(work_dir)
+    strays = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(marker in arg for arg in child.cmdline()):
+                strays.append(child.pid)
+        except psutil.Error:
+            continue  # gone already
+    if strays:
+        log.warning("demo cleanup: stopping %d unrecorded child process(es): %s", len(strays), strays)
+        kill_pids(strays)
+
+
 def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: float | None) -> None:
     stack, scenario = drill.stack, drill.scenario
     for i in range(1, scenario.controllers + 1):
@@ -257,9 +280,10 @@ def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: floa
             lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
             heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s))
         proc = ManagedProcess(plan.name, azprobe_argv("controller", "--config", str(path)),
-                              path.with_suffix(".log")).start()
-        exit_stack.callback(proc.stop)
+                              path.with_suffix(".log"))
+        exit_stack.callback(proc.stop)  # before start(): an interrupt right after it is covered
         drill.controllers[plan.name] = proc
+        proc.start()
 
 
 def _view_state(drill: _Drill, recorder: KvRecorder, poller: AgentPoller, phase: str, phase_t0: float,
