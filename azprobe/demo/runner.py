@@ -217,7 +217,7 @@ class LoopStack:
     def apply(self, faults: tuple[FaultSpec, ...]) -> None:
         for spec in faults:
             for az in (self.azs if spec.az == ALL_AZS else [spec.az]):
-                self.lab.fault(az, **spec.lab_kwargs())
+                self.lab.fault(az, **spec.fault.to_json())
 
     def clear(self) -> None:
         self.lab.clear()

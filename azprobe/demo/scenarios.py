@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from azprobe.errors import ConfigError
+from azprobe.lab.faults import Fault
 
 # A step's action: apply a fault to an AZ, clear all faults, or SIGKILL the leading
 # controller (the failover drill).
@@ -22,33 +23,14 @@ ALL_AZS = "*"  # a FaultSpec.az meaning "every AZ of the lab"
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """The keyword arguments of Lab.fault for one AZ."""
+    """One fault of a drill: the lab's `Fault`, aimed at one AZ (or ALL_AZS)."""
 
     az: str
-    delay_ms: float = 0.0
-    loss_pct: float = 0.0
-    syn_loss_pct: float = 0.0
-    blackhole: bool = False
-    refuse: bool = False
+    fault: Fault
 
     def describe(self) -> str:
-        parts = []
-        if self.delay_ms:
-            parts.append(f"+{self.delay_ms:g} ms")
-        if self.loss_pct:
-            parts.append(f"{self.loss_pct:g} % loss")
-        if self.syn_loss_pct:
-            parts.append(f"{self.syn_loss_pct:g} % SYN loss")
-        if self.blackhole:
-            parts.append("blackhole")
-        if self.refuse:
-            parts.append("refuse")
         target = "every AZ" if self.az == ALL_AZS else self.az
-        return f"{target}: {', '.join(parts) or 'no fault'}"
-
-    def lab_kwargs(self) -> dict[str, float | bool]:
-        return {"delay_ms": self.delay_ms, "loss_pct": self.loss_pct, "syn_loss_pct": self.syn_loss_pct,
-                "blackhole": self.blackhole, "refuse": self.refuse}
+        return f"{target}: {self.fault.describe()}"
 
 
 @dataclass(frozen=True)
@@ -102,7 +84,7 @@ class Scenario:
         return sorted(steps, key=lambda s: s.at_s)
 
 
-_DELAY_LOSS_B = FaultSpec("az-b", delay_ms=200, loss_pct=5)
+_DELAY_LOSS_B = FaultSpec("az-b", Fault(delay_ms=200, loss_pct=5))
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -110,17 +92,16 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("delay-loss", "the documents' chaos drill: az-b gets +200 ms and 5 % loss",
                  (_DELAY_LOSS_B,)),
         Scenario("blackhole", "az-b drops every packet (connects time out)",
-                 (FaultSpec("az-b", blackhole=True),)),
+                 (FaultSpec("az-b", Fault(blackhole=True)),)),
         Scenario("syn-loss", "az-b drops 50 % of SYNs (slow, retried connects)",
-                 (FaultSpec("az-b", syn_loss_pct=50),)),
+                 (FaultSpec("az-b", Fault(syn_loss_pct=50)),)),
         Scenario("all-zones", "every AZ degraded at once: panic mode spreads evenly, no drain",
-                 (FaultSpec(ALL_AZS, delay_ms=200, loss_pct=5),),
+                 (FaultSpec(ALL_AZS, Fault(delay_ms=200, loss_pct=5)),),
                  expect_drain=False, expect_panic=True),
         Scenario("flap", "az-b's fault toggles every 5 s: hysteresis, not oscillation",
                  (_DELAY_LOSS_B,), flap_period_s=5.0, default_fault_s=30.0, expect_drain=False),
-        # The kill comes once the drain is in place; a SIGKILLed leader's session lives up to
-        # 2 x TTL (20 s), so the fault outlasts the takeover and the new leader must hold
-        # the drain from its warm state.
+        # The kill comes once the drain is in place; the fault outlasts the takeover, so
+        # the new leader must hold the drain from its warm state.
         Scenario("controller-failover", "two controllers; the leader is SIGKILLed mid-drill",
                  (_DELAY_LOSS_B,), controllers=2, kill_leader_at=0.25, heartbeat_s=0.5, default_fault_s=40.0),
     )

@@ -180,8 +180,8 @@ def test_default_timeline_is_fault_then_clear() -> None:
     steps = get_scenario("delay-loss").timeline(12)
     assert [(s.at_s, s.action) for s in steps] == [(0.0, "fault"), (12, "clear")]
     assert steps[0].faults[0].az == "az-b"
-    assert steps[0].faults[0].lab_kwargs()["delay_ms"] == 200
-    assert steps[0].faults[0].lab_kwargs()["loss_pct"] == 5
+    assert steps[0].faults[0].fault.delay_ms == 200
+    assert steps[0].faults[0].fault.loss_pct == 5
 
 
 def test_flap_toggles_every_period_and_ends_cleared() -> None:
