@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+from typing import Self
 
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
 from azprobe.demo.metrics import KvSample
@@ -14,29 +15,39 @@ from azprobe.weights import WeightsDoc, WeightsError, parse_weights
 log = logging.getLogger(__name__)
 
 
-class KvRecorder:
-    """A timeline of (monotonic time, weights document). `latest` is the newest pair."""
+class _KeyRecorder:
+    """A background thread recording one key under the prefix; start() / stop()."""
 
-    def __init__(self, consul_url: str, prefix: str) -> None:
-        settings = ConsulSettings(address=consul_url, prefix=prefix)
-        self.key = settings.key("weights")
-        # A short wait so stop() returns quickly; a change still returns at once.
-        self._watch = KeyWatch(make_client(settings), self.key, wait_s=2.0, min_interval_s=0.0)
+    def __init__(self, consul_url: str, prefix: str, name: str) -> None:
+        self.settings = ConsulSettings(address=consul_url, prefix=prefix)
+        self.key = self.settings.key(name)
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._samples: list[KvSample] = []
-        self._latest: WeightsDoc | None = None
-        self.rejected = 0
-        self.errors = 0
-        self._thread = threading.Thread(target=self._run, name=f"kv-recorder {self.key}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"recorder {self.key}", daemon=True)
 
-    def start(self) -> "KvRecorder":
+    def start(self) -> Self:
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class KvRecorder(_KeyRecorder):
+    """A timeline of (monotonic time, weights document). `latest` is the newest pair."""
+
+    def __init__(self, consul_url: str, prefix: str) -> None:
+        super().__init__(consul_url, prefix, "weights")
+        # A short wait so stop() returns quickly; a change still returns at once.
+        self._watch = KeyWatch(make_client(self.settings), self.key, wait_s=2.0, min_interval_s=0.0)
+        self._samples: list[KvSample] = []
+        self._latest: WeightsDoc | None = None
+        self.rejected = 0
+        self.errors = 0
 
     def _run(self) -> None:
         self._watch.run(self._on_change, self._stop, self._on_error)
@@ -70,7 +81,7 @@ class KvRecorder:
             return self._latest
 
 
-class LeaderRecorder:
+class LeaderRecorder(_KeyRecorder):
     """Records who holds `<prefix>leader` over time: (monotonic t, holder name or None).
 
     A blocking read on the key returns on every ModifyIndex change, including the
@@ -80,21 +91,9 @@ class LeaderRecorder:
     """
 
     def __init__(self, consul_url: str, prefix: str) -> None:
-        settings = ConsulSettings(address=consul_url, prefix=prefix)
-        self.key = settings.key("leader")
-        self._client = make_client(settings)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
+        super().__init__(consul_url, prefix, "leader")
+        self._client = make_client(self.settings)
         self._events: list[tuple[float, str | None]] = []
-        self._thread = threading.Thread(target=self._run, name=f"leader-recorder {self.key}", daemon=True)
-
-    def start(self) -> "LeaderRecorder":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
         index: int | None = None

@@ -103,6 +103,14 @@ async def _json_body(request: web.Request, prefix: str = "Request decode failed"
         raise HTTPError(400, f"{prefix}: {exc}") from None
 
 
+async def _json_object_body(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or Consul's 400 for anything else."""
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise HTTPError(400, "Request decode failed: expected a JSON object")
+    return body
+
+
 def _query_meta(request: web.Request, index: int, filtered: bool = False) -> dict[str, str]:
     headers = {"X-Consul-Index": str(max(index, 1)), "X-Consul-KnownLeader": "true",
                "X-Consul-LastContact": "0", "X-Consul-Effective-Consistency": "leader",
@@ -541,9 +549,7 @@ async def agent_service_register(request: web.Request) -> web.StreamResponse:
     """A service registered with the local agent lands in the catalog on the agent's node."""
     _methods(request, "PUT")
     server = _server(request)
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise HTTPError(400, "Request decode failed: expected a JSON object")
+    body = await _json_object_body(request)
     service = _service_body(body)
     _require_write(request, "service:write", service["Service"])
     server.commit(server.store.catalog_register(
@@ -582,9 +588,7 @@ async def catalog_register(request: web.Request) -> web.StreamResponse:
     _methods(request, "PUT")
     _check_dc(request)
     server = _server(request)
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise HTTPError(400, "Request decode failed: expected a JSON object")
+    body = await _json_object_body(request)
     node = _field(body, "Node")
     address = _field(body, "Address")
     if not node or not address:
@@ -614,9 +618,7 @@ async def catalog_deregister(request: web.Request) -> web.StreamResponse:
     _methods(request, "PUT")
     _check_dc(request)
     server = _server(request)
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise HTTPError(400, "Request decode failed: expected a JSON object")
+    body = await _json_object_body(request)
     node = _field(body, "Node")
     if not node:
         raise HTTPError(500, "Must provide node")
