@@ -10,9 +10,9 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import bpf
+from azprobe import bpf
 from azprobe.errors import ConfigError
-from azprobe.window import OTHER_AZ
+from azprobe.contracts.window import OTHER_AZ
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 V4_MAPPED_PREFIX = bytes(10) + b"\xff\xff"

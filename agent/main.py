@@ -18,16 +18,16 @@ from pathlib import Path
 
 import click
 
-from agent.config import AgentConfig, load_agent_config
-from agent.http import make_server, serve_in_background
-from agent.lpm import AzRegistry, trie_entries
-from agent.probe import Probe, ProbeEvent
-from agent.util import UtilisationSampler
-from agent.windows import Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
+from azprobe.agent.config import AgentConfig, load_agent_config
+from azprobe.agent.http import make_server, serve_in_background
+from azprobe.agent.lpm import AzRegistry, trie_entries
+from azprobe.agent.probe import Probe, ProbeEvent
+from azprobe.agent.util import UtilisationSampler
+from azprobe.agent.windows import Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
 from azprobe import sdnotify
 from azprobe.config import parse_host_port
 from azprobe.errors import ConfigError, PrerequisiteError
-from azprobe.window import COUNTER_FIELDS, Window
+from azprobe.contracts.window import COUNTER_FIELDS, Window
 
 log = logging.getLogger("azprobe.agent")
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import bpf
-from agent.lpm import TrieEntry
-from agent.windows import BPF_COUNTER_FIELDS, Snapshot
+from azprobe import bpf
+from azprobe.agent.lpm import TrieEntry
+from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot
 from azprobe.errors import PrerequisiteError
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from agent.config import AgentConfig, load_agent_config
-from agent.main import Agent
-from agent.probe import Probe
-from azprobe.sketch import Histogram
+from azprobe.agent.config import AgentConfig, load_agent_config
+from azprobe.agent.main import Agent
+from azprobe.agent.probe import Probe
+from azprobe.contracts.sketch import Histogram
 
 _probe: Probe | None = None
 _probe_lock = threading.Lock()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from azprobe.window import Utilisation
+from azprobe.contracts.window import Utilisation
 
 
 class UtilisationSampler:

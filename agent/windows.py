@@ -11,9 +11,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import bpf
-from azprobe.sketch import Histogram, bucket_lower_bound
-from azprobe.window import COUNTER_FIELDS, PathStats, Window
+from azprobe import bpf
+from azprobe.contracts.sketch import Histogram, bucket_lower_bound
+from azprobe.contracts.window import COUNTER_FIELDS, PathStats, Window
 
 # Counters per path in BPF order (struct azp_path_counters). `syn_rto` is not part of the
 # window contract; it goes to /metrics only.

@@ -13,16 +13,16 @@ from azprobe.errors import AzprobeError
 
 # command name -> ("module:attribute" of a click.Command, one-line help for the listing)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "agent": ("agent.main:agent_command", "Run the node agent: load the probe, serve windows."),
+    "agent": ("azprobe.agent.main:agent_command", "Run the node agent: load the probe, serve windows."),
     "top": ("azprobe.top:top_command", "Live per-path table from an agent."),
     "trace": ("azprobe.trace:trace_command", "Live view of SYN retransmits, RTOs, failed connects."),
-    "lab": ("azprobe.lab.cli:lab_group", "Simulated availability zones in network namespaces."),
-    "devconsul": ("azprobe.devconsul.cli:devconsul_command", "Embedded Consul-API server for dev and tests."),
-    "weights": ("azprobe.weights_cli:weights_command", "Show the weights in Consul KV."),
-    "envoy-eds": ("azprobe.envoy:envoy_eds_command", "Render Envoy file-EDS from the weights."),
-    "controller": ("controller.main:controller_command", "Run the controller: windows in, weights out."),
-    "model": ("controller.model_cli:model_group", "Evaluate weight models on given stats."),
-    "explain": ("azprobe.explain:explain_command", "Why each AZ has the weight it has."),
+    "lab": ("azprobe.dev.lab.cli:lab_group", "Simulated availability zones in network namespaces."),
+    "devconsul": ("azprobe.dev.devconsul.cli:devconsul_command", "Embedded Consul-API server for dev and tests."),
+    "weights": ("azprobe.consumers.weights_cli:weights_command", "Show the weights in Consul KV."),
+    "envoy-eds": ("azprobe.consumers.envoy:envoy_eds_command", "Render Envoy file-EDS from the weights."),
+    "controller": ("azprobe.controller.main:controller_command", "Run the controller: windows in, weights out."),
+    "model": ("azprobe.controller.model_cli:model_group", "Evaluate weight models on given stats."),
+    "explain": ("azprobe.consumers.explain:explain_command", "Why each AZ has the weight it has."),
     "doctor": ("azprobe.doctor:doctor_command", "Preflight checks for the agent or controller."),
 }
 
@@ -39,8 +39,12 @@ class LazyGroup(click.Group):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            # A subcommand whose module is not built yet, or a missing optional
-            # dependency: say which, instead of a traceback.
+            # A node install (`make install`) leaves the dev tools out; a missing optional
+            # dependency is said by name, instead of a traceback.
+            if module_name.startswith("azprobe.dev.") and exc.name in ("azprobe.dev", module_name):
+                raise click.UsageError(f"'{cmd_name}' is a dev tool and is not installed on this node "
+                                       "(make install leaves it out); run it from a source checkout "
+                                       "with `make setup`") from exc
             raise click.ClickException(f"'{cmd_name}' is unavailable: {exc}") from exc
         return getattr(module, attr)
 

@@ -139,9 +139,9 @@ def check_bcc_import() -> Check:
 def check_bcc_compile() -> Check:
     """Compile, load and attach the one-line tracepoint program: proves clang, headers,
     the verifier and the attach path together, in the ~1 s the agent's start takes."""
-    from agent.probe import compile_program  # the agent's loader, so this tests the same path
+    from azprobe.agent.probe import compile_program  # the agent's loader, so this tests the same path
 
-    import bpf
+    from azprobe import bpf
 
     started = time.monotonic()
     try:
@@ -154,7 +154,7 @@ def check_bcc_compile() -> Check:
 
 
 def agent_checks(*, tracefs: Path | None = None, btf: Path | None = None) -> Iterator[Check]:
-    from agent import probe  # the probe's own list of what it attaches to
+    from azprobe.agent import probe  # the probe's own list of what it attaches to
 
     tracefs = tracefs or probe.TRACEFS
     yield check_btf(btf or probe.BTF_VMLINUX)
@@ -289,7 +289,7 @@ def controller_checks(config_path: str | None) -> Iterator[Check]:
     from azprobe.consul import ConsulSettings
 
     if config_path:
-        from controller.config import load_config
+        from azprobe.controller.config import load_config
 
         config = load_config(config_path)  # ConfigError -> exit 2
         yield ok("config", f"{config_path} is valid")
@@ -308,7 +308,7 @@ def run_checks(role: Role, config_path: str | None) -> list[Check]:
     checks: list[Check] = []
     if role is Role.AGENT:
         if config_path:
-            from agent.config import load_agent_config
+            from azprobe.agent.config import load_agent_config
 
             load_agent_config(config_path)  # ConfigError -> exit 2
             checks.append(ok("config", f"{config_path} is valid"))

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import click
 
 from azprobe.errors import PrerequisiteError
-from azprobe.window import PathStats, Window, WindowError, parse_window
+from azprobe.contracts.window import PathStats, Window, WindowError, parse_window
 
 DEFAULT_AGENT = "http://127.0.0.1:9740"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"

@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from azprobe.devconsul.testing import DevConsul  # noqa: E402
+from azprobe.dev.devconsul.testing import DevConsul  # noqa: E402
 
 KEY = "azprobe/v1/weights"
 

@@ -32,8 +32,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.config import parse_config  # noqa: E402
-from controller.main import Controller  # noqa: E402
+from azprobe.controller.config import parse_config  # noqa: E402
+from azprobe.controller.main import Controller  # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -15,10 +15,10 @@ import argparse
 import json
 import sys
 
-from azprobe.demo.metrics import percentile
-from azprobe.demo.runner import DRAIN_DWELL_S, LoopStack, run_drill
-from azprobe.demo.scenarios import DEFAULT_SCENARIO, get_scenario
-from azprobe.lab.lab import unique_lab_name
+from azprobe.dev.demo.metrics import percentile
+from azprobe.dev.demo.runner import DRAIN_DWELL_S, LoopStack, run_drill
+from azprobe.dev.demo.scenarios import DEFAULT_SCENARIO, get_scenario
+from azprobe.dev.lab.lab import unique_lab_name
 
 GOAL_DETECT_P50_S = 3.0
 GOAL_DETECT_MAX_S = 5.0

@@ -29,9 +29,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bpf  # noqa: E402
-from agent.probe import check_prerequisites, compile_program, program_stats  # noqa: E402
-from azprobe.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
+from azprobe import bpf  # noqa: E402
+from azprobe.agent.probe import check_prerequisites, compile_program, program_stats  # noqa: E402
+from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 
 DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
 WARMUP_S = 3.0

@@ -1,6 +1,6 @@
 /* Record layouts and constants shared by bpf/azprobe.bpf.c and the Python agent.
  *
- * The agent reads the `#define AZP_*` integer constants from this file (agent/layout.py),
+ * The agent reads the `#define AZP_*` integer constants from this file (azprobe.bpf.constant, bpf/__init__.py),
  * so a constant changes in one place only. Map keys and values reach Python through
  * BCC, which builds ctypes from these structs. Keep every struct 8-byte aligned: BCC's
  * per-CPU readers require it.
@@ -24,7 +24,7 @@
 #define AZP_FLOW_CACHE_BITS 9
 #define AZP_FLOW_CACHE_SLOTS 512 /* 1 << AZP_FLOW_CACHE_BITS */
 
-/* loglin-16, exactly azprobe/sketch.py: < 16 exact; then 16 linear sub-buckets per octave. */
+/* loglin-16, exactly azprobe/contracts/sketch.py: < 16 exact; then 16 linear sub-buckets per octave. */
 #define AZP_SUB_BUCKET_BITS 4
 #define AZP_MAX_VALUE_BITS 34
 #define AZP_NUM_BUCKETS 512

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from azprobe.window import PathStats, Utilisation, Window, WindowError, parse_window
-from controller.agent_http import AgentHttpClient, Endpoint
+from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
+from azprobe.controller.agent_http import AgentHttpClient, Endpoint
 
 log = logging.getLogger(__name__)
 

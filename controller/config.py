@@ -22,8 +22,8 @@ from typing import Any
 
 from azprobe.config import Section, load_toml, parse_host_port
 from azprobe.errors import ConfigError
-from controller.models import Model, load_model
-from controller.safety import SafetyConfig
+from azprobe.controller.models import Model, load_model
+from azprobe.controller.safety import SafetyConfig
 
 AGENT_SERVICE = "azprobe-agent"  # the Consul catalog service agents register as
 

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from controller.safety import Controls
+from azprobe.controller.safety import Controls
 
 
 @dataclass(frozen=True)

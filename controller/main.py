@@ -28,18 +28,18 @@ import click
 
 from azprobe import sdnotify
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
-from azprobe.weights import WeightsError, ZoneWeights
-from controller.agent_http import raise_file_limit
-from controller.collect import AgentTarget, Collector, PullResult
-from controller.config import ControllerConfig, load_config, load_model_from
-from controller.controls import OperatorControls, parse_controls
-from controller.detector import DetectorResult, ZoneSpikeDetectors
-from controller.leader import LeaderElection, LeaderProbe
-from controller.merge import MergedView, failures_by_zone, merge_windows
-from controller.metrics import ControllerMetrics, bound_port, start_server
-from controller.policy import Policy
-from controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
-from controller.safety import Decision, SafetyState
+from azprobe.contracts.weights import WeightsError, ZoneWeights
+from azprobe.controller.agent_http import raise_file_limit
+from azprobe.controller.collect import AgentTarget, Collector, PullResult
+from azprobe.controller.config import ControllerConfig, load_config, load_model_from
+from azprobe.controller.controls import OperatorControls, parse_controls
+from azprobe.controller.detector import DetectorResult, ZoneSpikeDetectors
+from azprobe.controller.leader import LeaderElection, LeaderProbe
+from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
+from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
+from azprobe.controller.policy import Policy
+from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
+from azprobe.controller.safety import Decision, SafetyState
 
 log = logging.getLogger("azprobe.controller")
 

@@ -1,6 +1,6 @@
 """Merge agents' windows into per-path and per-destination-AZ evidence (pure).
 
-Input: parsed windows (``azprobe.window.Window``) from every agent; the ones whose
+Input: parsed windows (``azprobe.contracts.window.Window``) from every agent; the ones whose
 ``end`` falls inside the evaluation window ``(now - evaluation_window_s, now]`` count.
 De-duplication (boot_id / seq) is the collector's job: every window given is counted.
 
@@ -33,8 +33,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from azprobe.window import OTHER_AZ, TcpCounters, Window
-from controller.models import ZoneStats
+from azprobe.contracts.window import OTHER_AZ, TcpCounters, Window
+from azprobe.controller.models import ZoneStats
 
 __all__ = ["Aggregate", "MergedView", "UtilWeights", "ZoneStats", "merge_windows", "failures_by_zone"]
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from azprobe.weights import ZONE_STATES, ZoneWeights
+from azprobe.contracts.weights import ZONE_STATES, ZoneWeights
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)

@@ -22,9 +22,9 @@ import click
 
 from azprobe.config import Section, load_toml
 from azprobe.errors import ConfigError
-from controller.models import WEIGHT_MAX, WEIGHT_MIN, StatsError, parse_stats_document, shares_from_weights
-from controller.policy import Policy, zones_json
-from controller.safety import SafetyState
+from azprobe.controller.models import WEIGHT_MAX, WEIGHT_MIN, StatsError, parse_stats_document, shares_from_weights
+from azprobe.controller.policy import Policy, zones_json
+from azprobe.controller.safety import SafetyState
 
 
 def _reject_constant(name: str) -> float:

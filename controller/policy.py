@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from azprobe.config import Section
-from controller.models import Model, ZoneStats, load_model
-from controller.safety import Controls, Decision, SafetyConfig, SafetyState, apply_safety
+from azprobe.controller.models import Model, ZoneStats, load_model
+from azprobe.controller.safety import Controls, Decision, SafetyConfig, SafetyState, apply_safety
 
 
 @dataclass(frozen=True)

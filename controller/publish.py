@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import consul
 
 from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
-from azprobe.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights
+from azprobe.contracts.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights
 
 log = logging.getLogger(__name__)
 

@@ -65,9 +65,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from azprobe.config import Section
-from azprobe.weights import MAX_INT, MAX_P95_MS, MAX_REASONS
-from azprobe.weights import MAX_STRING as MAX_REASON_CHARS
-from controller.models import (
+from azprobe.contracts.weights import MAX_INT, MAX_P95_MS, MAX_REASONS
+from azprobe.contracts.weights import MAX_STRING as MAX_REASON_CHARS
+from azprobe.controller.models import (
     SHARE_TOTAL,
     WEIGHT_MAX,
     WEIGHT_MIN,

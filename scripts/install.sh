@@ -38,7 +38,7 @@ if [ ! -e "$site/bcc" ]; then
 fi
 # A regular (non-editable) install: the daemons must not run from a source checkout.
 log "installing azprobe from $SRC"
-"$PREFIX/bin/python" -m pip install -q --disable-pip-version-check "${PIP_ARGS[@]}" "$SRC"
+AZPROBE_WITHOUT_DEVTOOLS=1 "$PREFIX/bin/python" -m pip install -q --disable-pip-version-check "${PIP_ARGS[@]}" "$SRC"
 install -m 0644 "$SRC/README.md" "$PREFIX/README.md" 2>/dev/null || true
 
 # 2. Units: package-owned, so always refreshed; their paths follow PREFIX and CONFIG_DIR.

@@ -3,10 +3,10 @@ puts the repository root on sys.path, so tests import `tests.helpers` (add fixtu
 never delete others')."""
 
 
-# --- devconsul (azprobe/devconsul/testing.py): a real devconsul subprocess per test ---
+# --- devconsul (azprobe/dev/devconsul/testing.py): a real devconsul subprocess per test ---
 import pytest  # noqa: E402
 
-from azprobe.devconsul.testing import DevConsul  # noqa: E402
+from azprobe.dev.devconsul.testing import DevConsul  # noqa: E402
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from typing import Any
 import consul
 
 from azprobe.config import dump_toml
-from azprobe.devconsul.testing import free_port
-from azprobe.weights import WeightsDoc, parse_weights
+from azprobe.dev.devconsul.testing import free_port
+from azprobe.contracts.weights import WeightsDoc, parse_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Fake azprobe agents for controller tests and the scale bench.
 
-A FakeAgent produces windows exactly per azprobe/window.py (to_json) into a ring and
+A FakeAgent produces windows exactly per azprobe/contracts/window.py (to_json) into a ring and
 answers `GET /v1/windows?after=SEQ` like the real agent. One FakeAgentServer (aiohttp on
 its own thread and loop, real HTTP on 127.0.0.1) serves many agents: agent KEY lives at
 `http://127.0.0.1:PORT/a/KEY` (the controller appends /v1/windows to the base URL).
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from azprobe.sketch import Histogram
-from azprobe.window import PathStats, Utilisation, Window
+from azprobe.contracts.sketch import Histogram
+from azprobe.contracts.window import PathStats, Utilisation, Window
 
 
 @dataclass

@@ -35,8 +35,8 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
 
 def sample_weights_doc(generation: int = 1, shares: dict[str, int] | None = None, *,
                        ttl_s: float = 60.0, now: float | None = None, source_az: str | None = None):
-    """A valid weights document (azprobe.weights.WeightsDoc) for consumer tests."""
-    from azprobe.weights import WeightsDoc, ZoneWeights
+    """A valid weights document (azprobe.contracts.weights.WeightsDoc) for consumer tests."""
+    from azprobe.contracts.weights import WeightsDoc, ZoneWeights
 
     shares = shares or {"az-a": 85, "az-b": 15}
     now = time.time() if now is None else now

@@ -1,5 +1,5 @@
 """The closed loop, end to end: real lab, real BPF agent, devconsul, real controller
-subprocesses, scored from what Consul KV showed (azprobe.demo.metrics).
+subprocesses, scored from what Consul KV showed (azprobe.dev.demo.metrics).
 
 One lab + devconsul + agent serves all drills (module fixture); each drill starts its
 own controllers on a fresh KV prefix, so drills do not see each other's weights.
@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from azprobe.demo.configs import LEADER_PROBE_FAILURES
-from azprobe.demo.metrics import KvSample
-from azprobe.demo.runner import LOCK_DELAY_S, LoopStack, run_drill
-from azprobe.demo.scenarios import get_scenario
+from azprobe.dev.demo.configs import LEADER_PROBE_FAILURES
+from azprobe.dev.demo.metrics import KvSample
+from azprobe.dev.demo.runner import LOCK_DELAY_S, LoopStack, run_drill
+from azprobe.dev.demo.scenarios import get_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab, pytest.mark.kernel]
 
@@ -28,7 +28,7 @@ FAILOVER_FAULT_S = 36.0  # kill at 9 s, takeover by ~32 s at worst
 def stack():
     if os.geteuid() != 0:
         pytest.skip("needs root: network namespaces and BPF")
-    from azprobe.lab.lab import unique_lab_name
+    from azprobe.dev.lab.lab import unique_lab_name
 
     with LoopStack(lab_name=unique_lab_name("e2e")) as s:
         yield s
@@ -105,8 +105,8 @@ def test_interrupted_demo_tears_everything_down() -> None:
 
     import psutil
 
-    from azprobe.lab.lab import unique_lab_name
-    from azprobe.lab.netns import list_lab_namespaces
+    from azprobe.dev.lab.lab import unique_lab_name
+    from azprobe.dev.lab.netns import list_lab_namespaces
     from tests.helpers import wait_for
 
     name = unique_lab_name("int")

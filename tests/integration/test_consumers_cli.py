@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from azprobe.consul import ConsulSettings, make_client
-from azprobe.devconsul.testing import DevConsul
+from azprobe.dev.devconsul.testing import DevConsul
 from tests.helpers import sample_weights_doc, wait_for
 
 with warnings.catch_warnings():

@@ -10,7 +10,7 @@ import pytest
 from azprobe.consul import (ConsulEmptyPrefix, ConsulPermissionDenied, ConsulSettings, ConsulUnreachable,
                             KeyWatch, TxnConflict, make_client, op_check_session, op_get, op_set,
                             read_key, txn)
-from azprobe.devconsul.testing import DevConsul
+from azprobe.dev.devconsul.testing import DevConsul
 from tests.helpers import wait_for
 
 TOKEN = "master-token-for-tests"

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from azprobe.consul import ConsulSettings, make_client
-from azprobe.devconsul.testing import DevConsul
-from azprobe.watch import EMPTY, FRESH, STALE, WeightWatcher
-from azprobe.weights import REJECTED
+from azprobe.dev.devconsul.testing import DevConsul
+from azprobe.consumers.watch import EMPTY, FRESH, STALE, WeightWatcher
+from azprobe.contracts.weights import REJECTED
 from tests.helpers import sample_weights_doc, wait_for
 
 KEY = "azprobe/v1/weights"

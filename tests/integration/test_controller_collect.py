@@ -10,8 +10,8 @@ import time
 
 from aiohttp import web
 
-from controller.agent_http import AgentHttpClient, Endpoint
-from controller.collect import AgentState, AgentTarget, Collector
+from azprobe.controller.agent_http import AgentHttpClient, Endpoint
+from azprobe.controller.collect import AgentState, AgentTarget, Collector
 from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec
 
 
@@ -153,8 +153,8 @@ def test_http_client_chunked_bodies_and_keepalive():
 def test_agents_discovered_from_the_catalog(devconsul):
     """discover = "consul": agents come from the catalog service `azprobe-agent`, each at
     its ServiceAddress (or node Address) and ServicePort, with the node meta `az`."""
-    from controller.config import parse_config
-    from controller.main import Controller
+    from azprobe.controller.config import parse_config
+    from azprobe.controller.main import Controller
 
     servers = {az: FakeAgentServer() for az in ("az-a", "az-b")}
     for az, server in servers.items():
@@ -194,7 +194,7 @@ def test_agents_discovered_from_the_catalog(devconsul):
 
 def test_pulls_from_the_real_agents_http_server():
     """The agent's own HTTP server (stdlib, HTTP/1.1 keep-alive), with windows from a fake ring."""
-    from agent.http import make_server, serve_in_background
+    from azprobe.agent.http import make_server, serve_in_background
 
     fake = FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=10)])
 

@@ -12,9 +12,9 @@ import time
 
 import consul
 
-from controller.config import parse_config
-from controller.detector import DetectorConfig, ZoneSpikeDetectors
-from controller.main import Controller
+from azprobe.controller.config import parse_config
+from azprobe.controller.detector import DetectorConfig, ZoneSpikeDetectors
+from azprobe.controller.main import Controller
 from tests.controller_harness import read_weights
 from tests.fakeagent import FakeAgentServer, PathSpec, zone_agents
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import consul
 import pytest
 
-from azprobe.weights import WeightsDoc
+from azprobe.contracts.weights import WeightsDoc
 from tests.controller_harness import ControllerProcess, leader_holder, read_weights
 from tests.fakeagent import FakeAgentServer, PathSpec, zone_agents
 from tests.helpers import wait_for

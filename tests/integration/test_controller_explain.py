@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 from azprobe.consul import ConsulSettings, make_client
-from azprobe.weights import ZoneWeights
-from controller.leader import LeaderElection
-from controller.publish import GLOBAL_VIEW, Publisher, WeightsView
+from azprobe.contracts.weights import ZoneWeights
+from azprobe.controller.leader import LeaderElection
+from azprobe.controller.publish import GLOBAL_VIEW, Publisher, WeightsView
 from tests.controller_harness import ROOT
 
 

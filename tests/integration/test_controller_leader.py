@@ -11,11 +11,11 @@ import consul
 import pytest
 
 from azprobe.consul import ConsulSettings, make_client
-from azprobe.weights import ZoneWeights
-from controller.config import parse_config
-from controller.leader import LeaderElection, LeaderProbe
-from controller.main import Controller
-from controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
+from azprobe.contracts.weights import ZoneWeights
+from azprobe.controller.config import parse_config
+from azprobe.controller.leader import LeaderElection, LeaderProbe
+from azprobe.controller.main import Controller
+from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
 from tests.controller_harness import ControllerProcess, leader_holder, read_weights
 from tests.fakeagent import FakeAgentServer, zone_agents
 from tests.helpers import wait_for
@@ -179,7 +179,7 @@ def test_lost_session_steps_down_then_reacquires_with_a_new_one(devconsul, caplo
     old_session = election.session_id
     assert client.session.destroy(old_session)  # as the TTL expiry would
     election._renewed_at = float("-inf")  # the renew is due now
-    with caplog.at_level("INFO", logger="controller.leader"):
+    with caplog.at_level("INFO", logger="azprobe.controller.leader"):
         transition = election.tick()
     assert transition is not None and not transition.became_leader and "404" in transition.reason
     assert not election.is_leader and election.session_id not in (None, old_session)

@@ -9,7 +9,7 @@ import json
 import consul
 import pytest
 
-from azprobe.devconsul.testing import DevConsul
+from azprobe.dev.devconsul.testing import DevConsul
 
 TOKEN = "s3cr3t-master"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.devconsul.testing import DevConsul, free_port
+from azprobe.dev.devconsul.testing import DevConsul, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from azprobe.lab import Lab, LabSpec, TrafficSpec, unique_lab_name
-from azprobe.lab.netns import pid_alive
+from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name
+from azprobe.dev.lab.netns import pid_alive
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")]

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from azprobe.errors import ConfigError
-from azprobe.lab import Lab, LabSpec, TrafficSpec, teardown, unique_lab_name
-from azprobe.lab.netns import list_lab_namespaces, pid_alive
-from azprobe.lab.state import CLAIM_DIR
+from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, teardown, unique_lab_name
+from azprobe.dev.lab.netns import list_lab_namespaces, pid_alive
+from azprobe.dev.lab.state import CLAIM_DIR
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")]

@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
-from agent.config import load_agent_config
-from agent.testing import latest_seq, path_histogram, path_total, running_agent
-from azprobe.lab import Lab, LabSpec, TrafficSpec, unique_lab_name
+from azprobe.agent.config import load_agent_config
+from azprobe.agent.testing import latest_seq, path_histogram, path_total, running_agent
+from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.kernel, pytest.mark.lab, pytest.mark.slow]

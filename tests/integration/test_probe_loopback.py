@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from agent.testing import latest_seq, path_histogram, path_total, running_agent
+from azprobe.agent.testing import latest_seq, path_histogram, path_total, running_agent
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.kernel

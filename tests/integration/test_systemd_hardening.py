@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.devconsul.testing import free_port
+from azprobe.dev.devconsul.testing import free_port
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,6 +33,16 @@ def test_install_is_complete_and_idempotent(tmp_path):
     assert (Path(subprocess.run([str(prefix / "bin" / "python"), "-c", "import bcc; print(bcc.__file__)"],
                                 capture_output=True, text=True, timeout=60).stdout.strip())).exists()
 
+    # A node gets the loop and its consumers, not the dev tools (lab, devconsul, demo).
+    site = Path(subprocess.run([str(prefix / "bin" / "python"), "-c",
+                                "import azprobe, pathlib; print(pathlib.Path(azprobe.__file__).parent)"],
+                               capture_output=True, text=True, timeout=60).stdout.strip())
+    assert {"agent", "controller", "bpf", "contracts", "consumers"} <= {p.name for p in site.iterdir()}
+    assert not (site / "dev").exists()
+    lab = subprocess.run([str(prefix / "bin" / "azprobe"), "lab", "status"], capture_output=True, text=True,
+                         timeout=60)
+    assert lab.returncode == 2 and "dev tool" in lab.stderr, lab.stderr
+
     for role in ("agent", "controller"):
         unit = (units / f"azprobe-{role}.service").read_text()
         assert f"ExecStart={prefix}/bin/azprobe {role} --config {configs}/{role}.toml" in unit

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-import bpf
-from azprobe.sketch import MAX_VALUE_BITS, NUM_BUCKETS, bucket_index
+from azprobe import bpf
+from azprobe.contracts.sketch import MAX_VALUE_BITS, NUM_BUCKETS, bucket_index
 
 PROGRAM = r"""
 #include <stdio.h>

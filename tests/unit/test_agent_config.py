@@ -2,8 +2,8 @@ import ipaddress
 
 import pytest
 
-from agent.config import load_agent_config, parse_agent_config
-from agent.lpm import AzRegistry, address_key, trie_entries
+from azprobe.agent.config import load_agent_config, parse_agent_config
+from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.errors import ConfigError
 
 GOOD = {"node": {"name": "n1", "az": "az-a"}, "agent": {"listen": "127.0.0.1:9999", "interval_s": 0.5},

@@ -2,7 +2,7 @@
 
 import pytest
 
-import agent.probe as probe
+import azprobe.agent.probe as probe
 from azprobe.errors import PrerequisiteError
 
 

@@ -1,6 +1,6 @@
-from azprobe.sketch import Histogram
+from azprobe.contracts.sketch import Histogram
 from azprobe.top import render_table, summarise
-from azprobe.window import PathStats, Utilisation, Window
+from azprobe.contracts.window import PathStats, Utilisation, Window
 
 
 def _window(seq, paths):

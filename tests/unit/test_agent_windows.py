@@ -1,9 +1,9 @@
 import pytest
 
-import bpf
-from agent.windows import Snapshot, WindowRing, histogram_from_indexes, path_stats, snapshot_delta
-from azprobe.sketch import NUM_BUCKETS, bucket_index, bucket_lower_bound
-from azprobe.window import Utilisation, Window, parse_window
+from azprobe import bpf
+from azprobe.agent.windows import Snapshot, WindowRing, histogram_from_indexes, path_stats, snapshot_delta
+from azprobe.contracts.sketch import NUM_BUCKETS, bucket_index, bucket_lower_bound
+from azprobe.contracts.window import Utilisation, Window, parse_window
 
 MAX_AZ = bpf.constant("MAX_AZ")
 RTT, CONNECT = bpf.constant("HIST_RTT"), bpf.constant("HIST_CONNECT")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.collect import AgentCursor, AgentState, AgentTarget, Collector, WindowStore
+from azprobe.controller.collect import AgentCursor, AgentState, AgentTarget, Collector, WindowStore
 from tests.fakeagent import FakeAgent, PathSpec
 
 
@@ -138,7 +138,7 @@ def test_store_prunes_by_horizon_and_agent_states():
 def test_store_keeps_order_for_out_of_order_arrivals():
     store = WindowStore(5.0)
     agent = FakeAgent("n", "az-a", [])
-    from azprobe.window import parse_window
+    from azprobe.contracts.window import parse_window
 
     w1, w2 = parse_window(agent.emit(end=1.0)), parse_window(agent.emit(end=2.0))
     assert store.add("a", w2, 10.0) and store.add("a", w1, 8.0)
@@ -159,7 +159,7 @@ def test_garbage_between_good_windows_is_not_a_gap():
 
 def test_slot_compaction_merges_exactly_like_the_raw_windows():
     """merge_input() pre-combines windows per (slot, AZ); the merge must not notice."""
-    from controller.merge import merge_windows
+    from azprobe.controller.merge import merge_windows
 
     store = WindowStore(5.0, slot_s=1.0)
     agents = [FakeAgent(f"n{i}", az, [PathSpec(dst="az-a", conn_attempts=10 + i, failures=i % 3, rtt_ms=5 + i),
@@ -168,7 +168,7 @@ def test_slot_compaction_merges_exactly_like_the_raw_windows():
               for i, az in enumerate(["az-a", "az-a", "az-b", "az-b", "az-b"])]
     for second in range(5):
         for i, agent in enumerate(agents):
-            from azprobe.window import parse_window
+            from azprobe.contracts.window import parse_window
 
             store.add(agent.node, parse_window(agent.emit(end=100.0 + second)), 1000.0 + second + 0.01 * i)
     raw = merge_windows(store.windows(), now=1e9, evaluation_window_s=1e10)

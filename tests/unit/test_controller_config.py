@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from azprobe.errors import ConfigError
-from controller.config import parse_config
+from azprobe.controller.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}}

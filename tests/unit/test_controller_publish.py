@@ -8,10 +8,10 @@ import json
 import pytest
 
 from azprobe.consul import ConsulSettings
-from azprobe.weights import ZoneWeights, parse_weights
-from controller.agent_http import HttpError, _dechunk
-from controller.controls import parse_controls
-from controller.publish import GLOBAL_VIEW, Publisher, WeightsView
+from azprobe.contracts.weights import ZoneWeights, parse_weights
+from azprobe.controller.agent_http import HttpError, _dechunk
+from azprobe.controller.controls import parse_controls
+from azprobe.controller.publish import GLOBAL_VIEW, Publisher, WeightsView
 
 
 class Clock:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from azprobe.demo.metrics import (
+from azprobe.dev.demo.metrics import (
     FaultEvent,
     KvSample,
     compute_metrics,
@@ -15,7 +15,7 @@ from azprobe.demo.metrics import (
     doc_at,
     percentile,
 )
-from azprobe.demo.scenarios import ALL_AZS, SCENARIOS, get_scenario
+from azprobe.dev.demo.scenarios import ALL_AZS, SCENARIOS, get_scenario
 from azprobe.errors import ConfigError
 
 
@@ -218,7 +218,7 @@ def test_unknown_scenario_and_bad_duration_name_the_flag() -> None:
 # --- the live view (pure rendering) ------------------------------------------------
 
 def _window(seq: int, paths: list[dict]) -> "object":
-    from azprobe.window import parse_window
+    from azprobe.contracts.window import parse_window
 
     return parse_window({"schema": 1, "node": "n", "az": "az-a", "boot_id": "b", "seq": seq,
                          "start": 100.0 + seq, "end": 101.0 + seq, "util": {"cpu": 0.1, "mem": 0.2},
@@ -242,7 +242,7 @@ def test_view_paths_merge_windows_per_path() -> None:
 
 
 def test_render_shows_phase_paths_zones_and_figures() -> None:
-    from azprobe.demo.view import ViewState, ZoneRow, render, render_line
+    from azprobe.dev.demo.view import ViewState, ZoneRow, render, render_line
     from azprobe.top import PathSummary
 
     state = ViewState(
@@ -266,7 +266,7 @@ def test_render_shows_phase_paths_zones_and_figures() -> None:
 
 
 def test_render_before_any_data_says_what_it_waits_for() -> None:
-    from azprobe.demo.view import ViewState, render, render_line
+    from azprobe.dev.demo.view import ViewState, render, render_line
 
     text = "\n".join(render(ViewState("flap", "d", "starting"), ansi=False))
     assert "waiting for the agent" in text and "waiting for the controller" in text
@@ -278,8 +278,8 @@ def test_render_before_any_data_says_what_it_waits_for() -> None:
 def test_generated_controller_config_passes_the_controllers_parser() -> None:
     import tomllib
 
-    from azprobe.demo.configs import ControllerPlan, controller_config
-    from controller.config import parse_config
+    from azprobe.dev.demo.configs import ControllerPlan, controller_config
+    from azprobe.controller.config import parse_config
 
     text = controller_config(ControllerPlan("ctl-2", "127.0.0.1:19741"), consul_url="http://127.0.0.1:18500",
                              prefix="azprobe/demo-1/", agent_urls=["http://127.0.0.1:19740"], lock_delay_s=2.0,
@@ -297,8 +297,8 @@ def test_generated_controller_config_passes_the_controllers_parser() -> None:
 def test_agent_config_copy_changes_only_listen_and_interval() -> None:
     import tomllib
 
-    from agent.config import parse_agent_config
-    from azprobe.demo.configs import agent_config_for_demo
+    from azprobe.agent.config import parse_agent_config
+    from azprobe.dev.demo.configs import agent_config_for_demo
 
     lab_doc = {"node": {"name": "lab", "az": "az-a"}, "agent": {"listen": "127.0.0.1:9740", "interval_s": 1.0},
                "topology": {"az-a": ["198.18.1.0/24"], "az-b": ["198.18.2.0/24", "2001:2:0:20::/60"]}}
@@ -311,7 +311,7 @@ def test_agent_config_copy_changes_only_listen_and_interval() -> None:
 
 
 def test_sample_from_a_real_weights_document() -> None:
-    from azprobe.weights import parse_weights
+    from azprobe.contracts.weights import parse_weights
 
     zone = {"weight": 1.0, "health": 0.99, "success": 0.999, "p95_ms": 1.2, "util": 0.1, "samples": 500,
             "state": "ok", "reasons": []}
@@ -325,7 +325,7 @@ def test_sample_from_a_real_weights_document() -> None:
     assert s.shares == {"az-a": 46, "az-b": 8, "az-c": 46}
     assert s.zone_states["az-b"] == "degraded" and s.weights["az-b"] == 0.2
 
-    from azprobe.demo.view import zone_rows
+    from azprobe.dev.demo.view import zone_rows
 
     rows = zone_rows(doc)
     assert [(r.az, r.share, r.state) for r in rows] == [("az-a", 46, "ok"), ("az-b", 8, "degraded"),
@@ -333,7 +333,7 @@ def test_sample_from_a_real_weights_document() -> None:
 
 
 def test_frame_redraws_in_place() -> None:
-    from azprobe.demo.view import ERASE_BELOW, ERASE_LINE, HOME, frame
+    from azprobe.dev.demo.view import ERASE_BELOW, ERASE_LINE, HOME, frame
 
     out = frame(["a", "bb"])
     assert out.startswith(HOME) and out.endswith(ERASE_BELOW)
@@ -341,8 +341,8 @@ def test_frame_redraws_in_place() -> None:
 
 
 def test_drill_checks_and_summary_follow_the_scenario() -> None:
-    from azprobe.demo.cli import _summary
-    from azprobe.demo.runner import DrillResult
+    from azprobe.dev.demo.cli import _summary
+    from azprobe.dev.demo.runner import DrillResult
 
     drained = DrillResult("delay-loss", ["az-b"], 30.0, compute_metrics(DRILL, EVENTS, ["az-b"]), DRILL, EVENTS)
     assert drained.checks() == {"recovered": True, "drained": True}

@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from azprobe.demo.runner import stop_strays
+from azprobe.dev.demo.runner import stop_strays
 
 
 def test_stop_strays_stops_only_children_naming_the_work_dir(tmp_path):

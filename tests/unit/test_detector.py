@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from controller.detector import DetectorConfig, SpikeDetector, ZoneSpikeDetectors, percentile
+from azprobe.controller.detector import DetectorConfig, SpikeDetector, ZoneSpikeDetectors, percentile
 
 T0 = 1_764_470_000.0  # a multiple of 10
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from azprobe.devconsul.persist import WriteAheadLog
-from azprobe.devconsul.store import SERF_CHECK_ID, Store, StoreError
+from azprobe.dev.devconsul.persist import WriteAheadLog
+from azprobe.dev.devconsul.store import SERF_CHECK_ID, Store, StoreError
 
 
 def _store_with_node() -> Store:

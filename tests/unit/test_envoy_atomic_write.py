@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from azprobe.envoy import atomic_write
+from azprobe.consumers.envoy import atomic_write
 
 OLD = b"old-" * 1000
 NEW = b"new-" * 250_000  # 1 MB: large enough that a torn write would be visible
@@ -43,7 +43,7 @@ def test_failure_between_write_and_rename_keeps_the_old_file(tmp_path, monkeypat
 
 WRITER = textwrap.dedent("""
     import os, sys
-    from azprobe import envoy
+    from azprobe.consumers import envoy
     real_fsync = os.fsync
     def fsync_then_hang(fd):
         real_fsync(fd)

@@ -11,11 +11,11 @@ with warnings.catch_warnings():  # the generated classes trip pydantic deprecati
     from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
     from envoy_data_plane.envoy.service.discovery.v3 import DiscoveryResponse
 
-from azprobe.envoy import (CLA_TYPE, locality_weights, parse_endpoints, render_bytes,
+from azprobe.consumers.envoy import (CLA_TYPE, locality_weights, parse_endpoints, render_bytes,
                            render_cluster_load_assignment, watch_decision)
 from azprobe.errors import ConfigError
-from azprobe.watch import EMPTY, FRESH, STALE
-from azprobe.weights import WeightsDoc, ZoneWeights
+from azprobe.consumers.watch import EMPTY, FRESH, STALE
+from azprobe.contracts.weights import WeightsDoc, ZoneWeights
 
 
 def doc_with(shares: dict[str, int], generation: int = 7) -> WeightsDoc:

@@ -10,10 +10,10 @@ import pytest
 
 from azprobe.config import Section, parse_topology
 from azprobe.errors import ConfigError
-from azprobe.lab.agentconfig import render_agent_config
-from azprobe.lab.faults import Fault, base_ruleset, fault_rules
-from azprobe.lab.netns import parse_proc_net_counters
-from azprobe.lab.topology import LAB_SLOTS, V4_SPACE, V6_SPACE, az_names, plan_lab, validate_name
+from azprobe.dev.lab.agentconfig import render_agent_config
+from azprobe.dev.lab.faults import Fault, base_ruleset, fault_rules
+from azprobe.dev.lab.netns import parse_proc_net_counters
+from azprobe.dev.lab.topology import LAB_SLOTS, V4_SPACE, V6_SPACE, az_names, plan_lab, validate_name
 
 
 def _all_addresses(plan):

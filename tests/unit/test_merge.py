@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from azprobe.sketch import Histogram
-from azprobe.window import PathStats, Utilisation, Window, parse_window
-from controller.merge import UtilWeights, failures_by_zone, merge_windows
+from azprobe.contracts.sketch import Histogram
+from azprobe.contracts.window import PathStats, Utilisation, Window, parse_window
+from azprobe.controller.merge import UtilWeights, failures_by_zone, merge_windows
 
 NOW = 1_764_470_000.0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.weights import ZoneWeights
+from azprobe.contracts.weights import ZoneWeights
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 AZPROBE = [sys.executable, "-m", "azprobe.cli"]

@@ -12,7 +12,7 @@ import pytest
 
 from azprobe.config import Section
 from azprobe.errors import ConfigError
-from controller.models import (
+from azprobe.controller.models import (
     WEIGHT_MIN,
     DefaultModel,
     DefaultModelConfig,

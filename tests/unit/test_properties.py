@@ -18,10 +18,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from azprobe.weights import OVERALL_STATES, ZONE_STATES, ZoneWeights
-from controller.models import WEIGHT_MIN, DefaultModel, SeedV1Model, ZoneStats, shares_from_weights
-from controller.policy import Policy
-from controller.safety import Controls, SafetyConfig, SafetyState
+from azprobe.contracts.weights import OVERALL_STATES, ZONE_STATES, ZoneWeights
+from azprobe.controller.models import WEIGHT_MIN, DefaultModel, SeedV1Model, ZoneStats, shares_from_weights
+from azprobe.controller.policy import Policy
+from azprobe.controller.safety import Controls, SafetyConfig, SafetyState
 
 CASES = settings(max_examples=10_000, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))

@@ -9,16 +9,16 @@ import pytest
 
 from azprobe.config import Section
 from azprobe.errors import ConfigError
-from azprobe.weights import ZoneWeights
-from controller.models import (
+from azprobe.contracts.weights import ZoneWeights
+from azprobe.controller.models import (
     WEIGHT_MIN,
     DefaultModel,
     ZoneHealth,
     ZoneStats,
     decay_weight,
 )
-from controller.policy import Policy
-from controller.safety import (
+from azprobe.controller.policy import Policy
+from azprobe.controller.safety import (
     Controls,
     SafetyConfig,
     SafetyState,

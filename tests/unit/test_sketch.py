@@ -3,7 +3,7 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from azprobe.sketch import (
+from azprobe.contracts.sketch import (
     NUM_BUCKETS,
     Histogram,
     bucket_index,

@@ -3,9 +3,9 @@
 import pytest
 
 from azprobe.errors import ConfigError
-from azprobe.watch import is_newer
-from azprobe.weights import ZoneWeights
-from azprobe.weights_cli import render_table, weights_key_name
+from azprobe.consumers.watch import is_newer
+from azprobe.contracts.weights import ZoneWeights
+from azprobe.consumers.weights_cli import render_table, weights_key_name
 from tests.helpers import sample_weights_doc
 
 NOW = 1_700_000_000.0

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from azprobe.weights import (MIN_WEIGHT, REJECTED, WeightsDoc, WeightsError, ZoneWeights,
+from azprobe.contracts.weights import (MIN_WEIGHT, REJECTED, WeightsDoc, WeightsError, ZoneWeights,
                              parse_weights)
 
 

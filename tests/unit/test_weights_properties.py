@@ -8,7 +8,7 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from azprobe.weights import (MIN_WEIGHT, OVERALL_STATES, REJECTED, SCHEMA_PATH, ZONE_STATES,
+from azprobe.contracts.weights import (MIN_WEIGHT, OVERALL_STATES, REJECTED, SCHEMA_PATH, ZONE_STATES,
                              WeightsDoc, WeightsError, ZoneWeights, parse_weights)
 
 VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))

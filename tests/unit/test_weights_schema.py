@@ -6,7 +6,7 @@ import json
 import jsonschema
 import pytest
 
-from azprobe.weights import SCHEMA_PATH, WeightsError, parse_weights
+from azprobe.contracts.weights import SCHEMA_PATH, WeightsError, parse_weights
 from tests.unit.test_weights_parser import BAD, make_doc, with_zone
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())

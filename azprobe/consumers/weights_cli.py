@@ -1,0 +1,167 @@
+"""`azprobe weights`: the weights in Consul KV as a table a person reads at a glance.
+
+Exit status: 0 fresh weights shown; 1 weights missing, stale, invalid, or Consul
+unreachable; 2 bad usage. Stale data is labelled STALE in the header and in every row,
+never shown as healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+
+import click
+
+from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client, read_key
+from azprobe.errors import AzprobeError, ConfigError
+from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
+
+COLUMNS = ("AZ", "SHARE", "WEIGHT", "HEALTH", "SUCCESS", "P95 ms", "UTIL", "STATE", "REASONS")
+REASONS_WIDTH = 60
+
+
+def weights_key_name(source_az: str | None) -> str:
+    """The key under the prefix: "weights" or "weights/from/<AZ>"."""
+    if source_az is None:
+        return "weights"
+    if not source_az or "/" in source_az or len(source_az) > 256:
+        raise ConfigError("--from", f"{source_az!r} is not an AZ name", "for example --from az-a")
+    return f"weights/from/{source_az}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _percent(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def render_header(doc: WeightsDoc, key: str, now: float) -> str:
+    view = f"from {doc.source_az}" if doc.source_az else "global"
+    fields = (f"generation {doc.generation}  leader {doc.leader or '-'}  model {doc.model or '-'}  "
+              f"view {view}  age {_duration(doc.age_s(now))}")
+    if doc.is_stale(now):
+        return (f"STALE: weights at {key} expired {_duration(now - doc.expires_at)} ago; do not act "
+                f"on them (is the controller running?)\n{fields}  state STALE (was {doc.state})")
+    return f"weights at {key}\n{fields}  expires in {_duration(doc.expires_at - now)}  state {doc.state.upper()}"
+
+
+def render_table(doc: WeightsDoc, key: str, now: float) -> str:
+    """Header lines plus one row per AZ, highest share first."""
+    stale = doc.is_stale(now)
+    rows = [COLUMNS]
+    for az, zone in sorted(doc.zones.items(), key=lambda item: (-item[1].share, item[0])):
+        reasons = "; ".join(zone.reasons) or "-"
+        if len(reasons) > REASONS_WIDTH:
+            reasons = reasons[:REASONS_WIDTH - 3] + "..."
+        rows.append((az, f"{zone.share}%", f"{zone.weight:.3f}", f"{zone.health:.2f}",
+                     _percent(zone.success, 2), "-" if zone.p95_ms is None else f"{zone.p95_ms:.1f}",
+                     _percent(zone.util, 0), "STALE" if stale else zone.state, reasons))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(w) if i in (0, 7) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells + [row[-1]]).rstrip())
+    return render_header(doc, key, now) + "\n" + "\n".join(lines)
+
+
+def decode_or_explain(state: KeyState, key: str, address: str) -> WeightsDoc:
+    if state.value is None:
+        raise AzprobeError(f"no weights at {key} in Consul at {address} "
+                           f"(is the controller running? check --prefix / --from)")
+    try:
+        return parse_weights(state.value)
+    except WeightsError as exc:
+        raise AzprobeError(f"weights at {key} are invalid: {exc}") from None
+
+
+def _watch(settings: ConsulSettings, key: str, as_json: bool) -> None:
+    """Re-render on every change; on a TTY also once a second so age and staleness move."""
+    updates: queue.Queue[KeyState | ConsulError] = queue.Queue()
+    stop = threading.Event()
+    watch = KeyWatch(make_client(settings), key, wait_s=30.0)
+    thread = threading.Thread(target=watch.run, args=(updates.put, stop, updates.put), daemon=True)
+    thread.start()
+    tty = sys.stdout.isatty() and not as_json
+    doc: WeightsDoc | None = None
+    problem: str | None = None
+    last_output = None
+    try:
+        while True:
+            try:
+                item = updates.get(timeout=1.0)
+            except queue.Empty:
+                item = None
+            if isinstance(item, ConsulError):
+                problem = str(item)
+            elif isinstance(item, KeyState):
+                try:
+                    doc, problem = decode_or_explain(item, key, settings.address), None
+                except AzprobeError as exc:
+                    problem = str(exc)  # keep showing the last good document, marked
+            now = time.time()
+            if as_json:
+                output = doc.dumps() if doc is not None else None
+            elif doc is not None:
+                output = render_table(doc, key, now)
+            else:
+                output = None
+            if problem:
+                output = f"azprobe: {problem}" + (f"\n(last good document below)\n{output}" if output else "")
+            if output is None:
+                continue
+            if tty:
+                # Redraw in place each second (age ticks); the table is small.
+                click.echo("\x1b[H\x1b[2J" + output)
+            elif output != last_output and (item is not None or _stale_changed(last_output, output)):
+                # Not a TTY: print on a change only (ages tick every second).
+                click.echo(output)
+            last_output = output
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+
+
+def _stale_changed(before: str | None, after: str) -> bool:
+    return before is None or before.startswith("STALE") != after.startswith("STALE")
+
+
+@click.command("weights")
+@click.option("--consul", "address", metavar="URL", help="Consul address (default: $CONSUL_HTTP_ADDR or http://127.0.0.1:8500).")
+@click.option("--prefix", default=None, metavar="P", help="KV prefix (default azprobe/v1/).")
+@click.option("--json", "as_json", is_flag=True, help="Print the validated document as JSON.")
+@click.option("--watch", is_flag=True, help="Re-render on every change (blocking queries); Ctrl-C exits.")
+@click.option("--from", "source_az", metavar="AZ", default=None, help="Show weights as seen from AZ (weights/from/AZ).")
+@click.pass_context
+def weights_command(ctx: click.Context, address: str | None, prefix: str | None, as_json: bool,
+                    watch: bool, source_az: str | None) -> None:
+    """Show the weights in Consul KV: share, weight, health and state per AZ.
+
+    Exit status: 0 fresh; 1 missing, stale, invalid or Consul unreachable; 2 bad usage.
+    """
+    settings = ConsulSettings.from_env(address=address, prefix=prefix)
+    key = settings.key(weights_key_name(source_az))
+    if watch:
+        _watch(settings, key, as_json)
+        return
+    state = read_key(make_client(settings), key)
+    doc = decode_or_explain(state, key, settings.address)
+    now = time.time()
+    if as_json:
+        click.echo(json.dumps(doc.to_json(), indent=2, sort_keys=True))
+        if doc.is_stale(now):
+            click.echo(f"azprobe: weights at {key} are STALE: expired {_duration(now - doc.expires_at)} ago", err=True)
+    else:
+        click.echo(render_table(doc, key, now))
+    if doc.is_stale(now):
+        ctx.exit(1)

@@ -1,0 +1,333 @@
+"""THE weights contract (CONTRACTS.md "Weights document"): Consul KV `<prefix>weights`
+and `<prefix>weights/from/<src AZ>`.
+
+The controller builds documents from these dataclasses; every reader (`azprobe weights`,
+WeightWatcher, envoy-eds) parses them with `parse_weights`. Construction validates, so
+an invalid document can be neither written nor read: no NaN, no all-zero, no empty set.
+A rejected document raises WeightsError naming the field and is counted in
+`REJECTED` (and the Prometheus counter `azprobe_weights_rejected_total`).
+
+azprobe/contracts/schema/weights.schema.json states the same rules as a JSON Schema, except what
+JSON Schema cannot say: shares summing to 100, expires_at >= generated_at, no duplicate
+keys, no NaN/Infinity literals, integers written without a fraction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from prometheus_client import Counter
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).parent / "schema" / "weights.schema.json"
+MIN_WEIGHT = math.exp(-2)  # the decay model's floor: weight = exp(-2 * (1 - H))
+WEIGHT_SLACK = 1e-9
+TOTAL_SHARE = 100
+MAX_ZONES = 64
+MAX_STRING = 256
+MAX_REASONS = 64
+MAX_INT = 2**53  # beyond this a JSON number loses integer precision in most readers
+MAX_TIMESTAMP = 1e11  # unix seconds, year ~5138: anything later is garbage
+MAX_P95_MS = 86_400_000.0  # one day
+MAX_DOC_BYTES = 512 * 1024  # Consul's value size limit
+OVERALL_STATES = frozenset({"ok", "degraded", "panic", "frozen", "stale"})
+ZONE_STATES = frozenset({"ok", "degraded", "stale", "panic", "frozen", "shifted"})
+DOC_FIELDS = ("schema", "generation", "generated_at", "expires_at", "source_az", "leader",
+              "model", "state", "zones")
+ZONE_FIELDS = ("weight", "share", "health", "success", "p95_ms", "util", "samples", "state",
+               "reasons")
+
+
+class WeightsError(ValueError):
+    """A weights document that breaks the contract. `field` is the dotted path."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+    def within(self, prefix: str) -> "WeightsError":
+        return WeightsError(f"{prefix}.{self.field}" if self.field else prefix, self.problem)
+
+
+class RejectedCounter:
+    """Thread-safe count of rejected documents, readable without Prometheus."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def inc(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._count
+
+
+REJECTED = RejectedCounter()
+REJECTED_METRIC = Counter("azprobe_weights_rejected", "Weights documents rejected by the parser")
+
+
+# --- field checks (shared by parsing and construction) ------------------------------
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _string(value: Any, name: str, *, allow_empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise WeightsError(name, f"expected a string, got {_short(value)}")
+    if not allow_empty and not value:
+        raise WeightsError(name, "must not be empty")
+    if len(value) > MAX_STRING:
+        raise WeightsError(name, f"string of {len(value)} chars exceeds {MAX_STRING}")
+    return value
+
+
+def _integer(value: Any, name: str, lo: int, hi: int = MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WeightsError(name, f"expected an integer, got {_short(value)}")
+    if not lo <= value <= hi:
+        raise WeightsError(name, f"{_short(value)} outside {lo}..{hi}")
+    return value
+
+
+def _number(value: Any, name: str, lo: float, hi: float, *, nullable: bool = False) -> float | None:
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "a number or null" if nullable else "a number"
+        raise WeightsError(name, f"expected {kind}, got {_short(value)}")
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        raise WeightsError(name, f"{_short(value)} outside {lo:g}..{hi:g}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise WeightsError(name, f"{number} is not a finite number")
+    if not lo <= number <= hi:
+        raise WeightsError(name, f"{number:g} outside {lo:g}..{hi:g}")
+    return number
+
+
+def _is_schema_version(value: Any) -> bool:
+    return type(value) is int and value == SCHEMA_VERSION
+
+
+def _state(value: Any, name: str, allowed: frozenset[str]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise WeightsError(name, f"{_short(value)} is not one of {', '.join(sorted(allowed))}")
+    return value
+
+
+# --- the document -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ZoneWeights:
+    """Weights and evidence for one destination AZ."""
+
+    weight: float
+    share: int
+    health: float
+    success: float | None
+    p95_ms: float | None
+    util: float | None
+    samples: int
+    state: str
+    reasons: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "weight", _number(self.weight, "weight", MIN_WEIGHT - WEIGHT_SLACK, 1.0 + WEIGHT_SLACK))
+        set_(self, "share", _integer(self.share, "share", 1, TOTAL_SHARE))
+        set_(self, "health", _number(self.health, "health", 0.0, 1.0))
+        set_(self, "success", _number(self.success, "success", 0.0, 1.0, nullable=True))
+        set_(self, "p95_ms", _number(self.p95_ms, "p95_ms", 0.0, MAX_P95_MS, nullable=True))
+        set_(self, "util", _number(self.util, "util", 0.0, 1.0, nullable=True))
+        set_(self, "samples", _integer(self.samples, "samples", 0))
+        set_(self, "state", _state(self.state, "state", ZONE_STATES))
+        if not isinstance(self.reasons, (list, tuple)):
+            raise WeightsError("reasons", f"expected a list of strings, got {_short(self.reasons)}")
+        if len(self.reasons) > MAX_REASONS:
+            raise WeightsError("reasons", f"{len(self.reasons)} reasons exceed {MAX_REASONS}")
+        set_(self, "reasons", tuple(_string(r, f"reasons[{i}]") for i, r in enumerate(self.reasons)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"weight": self.weight, "share": self.share, "health": self.health,
+                "success": self.success, "p95_ms": self.p95_ms, "util": self.util,
+                "samples": self.samples, "state": self.state, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class WeightsDoc:
+    """One weights document. Immutable (zones is a read-only mapping), so a reader can
+    share one instance between threads and swap it atomically."""
+
+    generation: int
+    generated_at: float
+    expires_at: float
+    leader: str
+    model: str
+    state: str
+    zones: Mapping[str, ZoneWeights]
+    source_az: str | None = None
+    schema: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not _is_schema_version(self.schema):
+            raise WeightsError("schema", f"unsupported version {_short(self.schema)} "
+                                         f"(this azprobe reads {SCHEMA_VERSION}; upgrade the reader)")
+        set_(self, "generation", _integer(self.generation, "generation", 1))
+        set_(self, "generated_at", _number(self.generated_at, "generated_at", 0.0, MAX_TIMESTAMP))
+        set_(self, "expires_at", _number(self.expires_at, "expires_at", 0.0, MAX_TIMESTAMP))
+        if self.expires_at < self.generated_at:
+            raise WeightsError("expires_at", f"{self.expires_at} is before generated_at {self.generated_at}")
+        if self.source_az is not None:
+            _string(self.source_az, "source_az", allow_empty=False)
+        _string(self.leader, "leader")
+        _string(self.model, "model")
+        _state(self.state, "state", OVERALL_STATES)
+        if not isinstance(self.zones, Mapping):
+            raise WeightsError("zones", f"expected an object of AZ -> zone, got {_short(self.zones)}")
+        if not self.zones:
+            raise WeightsError("zones", "must not be empty (an empty set would drain every AZ)")
+        if len(self.zones) > MAX_ZONES:
+            raise WeightsError("zones", f"{len(self.zones)} zones exceed {MAX_ZONES}")
+        for az, zone in self.zones.items():
+            _string(az, "zones", allow_empty=False)
+            if not isinstance(zone, ZoneWeights):
+                raise WeightsError(f"zones.{az}", f"expected ZoneWeights, got {_short(zone)}")
+        total = sum(z.share for z in self.zones.values())
+        if total != TOTAL_SHARE:
+            raise WeightsError("zones", f"shares sum to {total}, must be exactly {TOTAL_SHARE}")
+        # A private copy behind a read-only view: the caller's dict cannot mutate us.
+        set_(self, "zones", MappingProxyType(dict(sorted(self.zones.items()))))
+
+    def __hash__(self) -> int:
+        return hash(self.dumps())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.schema, "generation": self.generation,
+                "generated_at": self.generated_at, "expires_at": self.expires_at,
+                "source_az": self.source_az, "leader": self.leader, "model": self.model,
+                "state": self.state, "zones": {az: z.to_json() for az, z in self.zones.items()}}
+
+    def dumps(self) -> str:
+        """Compact, deterministic JSON (sorted keys): equal docs give equal bytes."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    def is_stale(self, now: float | None = None) -> bool:
+        """Past expires_at: a reader must not act on these weights any more."""
+        return (time.time() if now is None else now) >= self.expires_at
+
+    def age_s(self, now: float | None = None) -> float:
+        return (time.time() if now is None else now) - self.generated_at
+
+    def effective_state(self, now: float | None = None) -> str:
+        """The overall state a reader should show: "stale" once expired."""
+        return "stale" if self.is_stale(now) else self.state
+
+
+# --- parsing ------------------------------------------------------------------------
+
+def _reject_constant(name: str) -> Any:
+    raise WeightsError("", f"{name} is not allowed in a weights document")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise WeightsError(key, "duplicate key")
+        result[key] = value
+    return result
+
+
+def _check_keys(doc: Mapping[str, Any], expected: tuple[str, ...], where: str) -> None:
+    for key in doc:
+        if key not in expected:
+            raise WeightsError(f"{where}{key}", f"unknown field (known: {', '.join(expected)})")
+    for key in expected:
+        if key not in doc:
+            raise WeightsError(f"{where}{key}", "is required")
+
+
+def _zone_from_json(az: str, raw: Any) -> ZoneWeights:
+    where = f"zones.{az}"
+    if not isinstance(raw, Mapping):
+        raise WeightsError(where, f"expected an object, got {_short(raw)}")
+    _check_keys(raw, ZONE_FIELDS, where + ".")
+    if not isinstance(raw["reasons"], list):
+        raise WeightsError(where + ".reasons", f"expected a list of strings, got {_short(raw['reasons'])}")
+    try:
+        return ZoneWeights(**{name: raw[name] for name in ZONE_FIELDS})
+    except WeightsError as exc:
+        raise exc.within(where) from None
+
+
+def weights_from_json(doc: Any) -> WeightsDoc:
+    """Validate an already-decoded JSON value. Prefer parse_weights for raw bytes."""
+    if not isinstance(doc, Mapping):
+        raise WeightsError("", f"expected a JSON object, got {_short(doc)}")
+    if "schema" in doc and not _is_schema_version(doc["schema"]):
+        # Checked first: a newer schema may legitimately have other fields.
+        raise WeightsError("schema", f"unsupported version {_short(doc['schema'])} "
+                                     f"(this azprobe reads {SCHEMA_VERSION}; upgrade the reader)")
+    _check_keys(doc, DOC_FIELDS, "")
+    zones_raw = doc["zones"]
+    if not isinstance(zones_raw, Mapping):
+        raise WeightsError("zones", f"expected an object of AZ -> zone, got {_short(zones_raw)}")
+    if len(zones_raw) > MAX_ZONES:
+        raise WeightsError("zones", f"{len(zones_raw)} zones exceed {MAX_ZONES}")
+    zones = {}
+    for az, raw in zones_raw.items():
+        _string(az, "zones", allow_empty=False)
+        zones[az] = _zone_from_json(az, raw)
+    return WeightsDoc(generation=doc["generation"], generated_at=doc["generated_at"],
+                      expires_at=doc["expires_at"], source_az=doc["source_az"], leader=doc["leader"],
+                      model=doc["model"], state=doc["state"], zones=zones, schema=doc["schema"])
+
+
+def parse_weights(raw: bytes | str) -> WeightsDoc:
+    """Decode and validate a weights document. Raises WeightsError (naming the field)
+    for anything that is not a valid document, and counts it; never anything else."""
+    try:
+        if isinstance(raw, (bytes, bytearray, memoryview)):
+            if len(raw) > MAX_DOC_BYTES:
+                raise WeightsError("", f"document of {len(raw)} bytes exceeds {MAX_DOC_BYTES}")
+            try:
+                text = bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise WeightsError("", f"not UTF-8 at byte {exc.start}") from None
+        elif isinstance(raw, str):
+            text = raw
+            if len(text) > MAX_DOC_BYTES:
+                raise WeightsError("", f"document of {len(text)} chars exceeds {MAX_DOC_BYTES}")
+        else:
+            raise WeightsError("", f"expected bytes or str, got {type(raw).__name__}")
+        try:
+            doc = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        except WeightsError:
+            raise
+        except json.JSONDecodeError as exc:
+            raise WeightsError("", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except RecursionError:
+            raise WeightsError("", "JSON nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer literal with thousands of digits
+            raise WeightsError("", f"not valid JSON: {str(exc)[:80]}") from None
+        return weights_from_json(doc)
+    except WeightsError:
+        REJECTED.inc()
+        REJECTED_METRIC.inc()
+        raise

@@ -1,0 +1,442 @@
+"""Orchestration of the closed loop: lab, devconsul, agent, controllers, a fault drill.
+
+Two layers, so tests can share the expensive part:
+- `LoopStack` (context manager): lab up with traffic, devconsul on a free port, one agent
+  on the lab's config. One agent sees every namespace (the tracepoints are global) and
+  attributes paths by address, so it stands in for a node in every AZ.
+- `run_drill(stack, scenario)`: fresh controllers on a fresh KV prefix, a blocking watch
+  recording every generation, the scenario's fault timeline, recovery, figures.
+Everything started is stopped in `finally` blocks, also on Ctrl-C and errors; children
+are stopped by pid, the lab by its own `down`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import tomllib
+import urllib.request
+import uuid
+from collections import deque
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from azprobe.dev.demo import DEMO_LAB_NAME
+from azprobe.dev.demo.configs import ControllerPlan, agent_config_for_demo, controller_config
+from azprobe.dev.demo.metrics import DrillMetrics, FaultEvent, KvSample, compute_metrics
+from azprobe.dev.demo.processes import ManagedProcess, azprobe_argv
+from azprobe.dev.demo.recorder import KvRecorder, LeaderRecorder
+from azprobe.dev.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
+from azprobe.dev.demo.view import ViewState, zone_rows
+from azprobe.top import summarise
+from azprobe.dev.devconsul.testing import free_port
+from azprobe.errors import PrerequisiteError
+from azprobe.contracts.window import Window, WindowError, parse_window
+
+log = logging.getLogger(__name__)
+
+LAB_NAME = DEMO_LAB_NAME
+LOCK_DELAY_S = 2.0  # short, so a failover drill takes seconds (Consul's default is 15 s)
+SESSION_TTL_S = 10.0  # Consul's minimum
+# The controller's default dwell (2 s) holds a freshly degraded zone's share before the
+# drain. The demo asks for one cycle of confirmation instead (still degraded at the next
+# 1 s cycle; a dwell of exactly 1 s would lose a second cycle to timing jitter), so a
+# drill shows detection in ~3 s. bench/loop.py measures both (--drain-dwell-s).
+DRAIN_DWELL_S = 0.5
+# Windows every 0.5 s: a fault shows up in a published window ~0.5 s sooner; the
+# controller still pulls every 1 s and merges a 3 s evaluation window.
+AGENT_INTERVAL_S = 0.5
+VIEW_WINDOWS = 3  # the live view merges the agent's last 3 windows (~3 s)
+
+Tick = Callable[[ViewState], None]
+
+
+@dataclass
+class DrillResult:
+    scenario: str
+    sick_azs: list[str]
+    fault_s: float
+    metrics: DrillMetrics
+    samples: list[KvSample]
+    events: list[FaultEvent]
+    work_dir: str = ""
+    leader_events: list[tuple[float, str | None]] = field(default_factory=list)
+
+    expect_drain: bool = True
+    expect_panic: bool = False
+
+    def checks(self) -> dict[str, bool]:
+        """What the scenario promises, checked against the figures."""
+        m = self.metrics
+        out = {"recovered": m.recover_s is not None}
+        if self.expect_drain:
+            out["drained"] = m.detect_s is not None
+        if self.expect_panic:
+            out["panic_seen"] = "panic" in m.states_seen
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, **self.metrics.to_json(), "fault_s": self.fault_s,
+                "sick_azs": self.sick_azs,
+                "fault_apply_s": max((e.apply_s for e in self.events if e.action == "fault"), default=None),
+                "checks": self.checks()}
+
+
+class AgentPoller:
+    """Pulls the agent's new windows for the live view (the controllers pull their own)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.after = 0
+        self.recent: deque[Window] = deque(maxlen=VIEW_WINDOWS)
+
+    def fetch(self, timeout_s: float = 0.5) -> list[Window]:
+        with urllib.request.urlopen(f"{self.url}/v1/windows?after={self.after}", timeout=timeout_s) as resp:
+            doc = json.load(resp)
+        new = []
+        for raw in doc.get("windows", []):
+            try:
+                w = parse_window(raw)
+            except WindowError as exc:
+                log.warning("agent sent a bad window: %s", exc)
+                continue
+            new.append(w)
+            self.recent.append(w)
+            self.after = max(self.after, w.seq)
+        return new
+
+    def poll(self) -> None:
+        try:
+            self.fetch()
+        except (OSError, ValueError) as exc:
+            log.debug("agent poll: %s", exc)
+
+
+class LoopStack:
+    """Lab (with traffic), devconsul and one agent, up until close()."""
+
+    def __init__(self, *, work_dir: Path | None = None, azs: int = 3, lab_name: str = LAB_NAME,
+                 keep: bool = False) -> None:
+        self.keep = keep
+        self._own_work_dir = work_dir is None
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="azprobe-demo-"))
+        self.azs_requested = azs
+        self.lab_name = lab_name
+        self.lab: Any = None
+        self.azs: list[str] = []
+        self.devconsul: Any = None
+        self.agent: ManagedProcess | None = None
+        self.agent_url = ""
+        self._exit = ExitStack()
+        self._owner_pid = os.getpid()
+
+    # --- lifecycle ----------------------------------------------------------------
+    def __enter__(self) -> "LoopStack":
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, progress: Callable[[str], None] = lambda msg: None) -> None:
+        from azprobe.dev.lab.netns import require_root
+
+        require_root()  # the lab's namespaces and the agent's BPF both need it
+        progress("lab up (namespaces, router, servers, traffic)")
+        self._lab_up()
+        progress("devconsul")
+        self._devconsul_up()
+        progress("agent (loading the BPF probe)")
+        self._agent_up()
+
+    def close(self) -> None:
+        """Stop everything we started, in reverse order; never raises."""
+        if os.getpid() != self._owner_pid:
+            return  # a forked child unwinding (e.g. on Ctrl-C): the parent cleans up
+        try:
+            self._exit.close()
+        except Exception as exc:  # cleanup must go on whatever failed first
+            log.warning("demo cleanup: %s", exc)
+        stop_strays(self.work_dir)
+        if self._own_work_dir and not self.keep:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    # --- pieces -------------------------------------------------------------------
+    def _lab_up(self) -> None:
+        from azprobe.dev.lab.lab import Lab, LabSpec  # the lab helper's API
+
+        state_dir = self.work_dir / "lab"
+        # Lab.up removes what it built when it fails part-way, so only a lab that came
+        # up needs our teardown.
+        self.lab = Lab.up(LabSpec(name=self.lab_name, azs=self.azs_requested, state_dir=state_dir, traffic=True))
+        if not self.keep:
+            self._exit.callback(self.lab.down)
+        self.azs = list(self.lab.azs)
+
+    def _devconsul_up(self) -> None:
+        from azprobe.dev.devconsul.testing import DevConsul
+
+        self.devconsul = self._exit.enter_context(DevConsul(data_dir=str(self.work_dir / "consul")))
+
+    @property
+    def consul_url(self) -> str:
+        return self.devconsul.url
+
+    def _agent_up(self) -> None:
+        lab_config = tomllib.loads(Path(self.lab.agent_config_path).read_text())
+        port = free_port()
+        config = self.work_dir / "agent.toml"
+        config.write_text(agent_config_for_demo(lab_config, f"127.0.0.1:{port}", interval_s=AGENT_INTERVAL_S))
+        self.agent = ManagedProcess("agent", azprobe_argv("agent", "--config", str(config)),
+                                    self.work_dir / "agent.log")
+        self._exit.callback(self.agent.stop)  # before start(): an interrupt right after it is covered
+        self.agent.start()
+        self.agent_url = f"http://127.0.0.1:{port}"
+        poller = AgentPoller(self.agent_url)
+        # Ready = the probe is loaded and a window already shows lab traffic.
+        deadline = time.monotonic() + 60
+        while not any(p.dst in self.azs and p.conn_attempts for w in poller.recent for p in w.paths):
+            self.agent.check_alive()
+            if time.monotonic() > deadline:
+                raise PrerequisiteError(f"the agent showed no lab traffic within 60 s; see {self.agent.log_path}")
+            poller.poll()
+            time.sleep(0.2)
+
+    # --- faults -------------------------------------------------------------------
+    def apply(self, faults: tuple[FaultSpec, ...]) -> None:
+        for spec in faults:
+            for az in (self.azs if spec.az == ALL_AZS else [spec.az]):
+                self.lab.fault(az, **spec.fault.to_json())
+
+    def clear(self) -> None:
+        self.lab.clear()
+
+
+@dataclass
+class _Drill:
+    """The state of one running drill (controllers, recorder, events)."""
+
+    stack: LoopStack
+    scenario: Scenario
+    prefix: str
+    controllers: dict[str, ManagedProcess] = field(default_factory=dict)
+    killed: set[str] = field(default_factory=set)  # controllers the drill SIGKILLed itself
+    events: list[FaultEvent] = field(default_factory=list)
+    log_lines: list[str] = field(default_factory=list)
+    fault_text: str = ""
+
+    def note(self, text: str) -> None:
+        self.log_lines.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def check_children(self) -> None:
+        """A child that died on its own ends the drill with its last log lines: figures
+        from a loop with a dead part would be meaningless."""
+        if self.stack.agent is not None:
+            self.stack.agent.check_alive()
+        for name, proc in self.controllers.items():
+            if name not in self.killed:
+                proc.check_alive()
+
+
+def stop_strays(work_dir: Path) -> None:
+    """Stop any child of ours still running from `work_dir`'s configs. A Ctrl-C or SIGTERM
+    that lands while a child is being spawned (between fork and our bookkeeping) leaves it
+    unrecorded; its command line still names a file under our work dir."""
+    import psutil
+
+    from azprobe.dev.lab.netns import kill_pids
+
+    marker = str(work_dir)
+    strays = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(marker in arg for arg in child.cmdline()):
+                strays.append(child.pid)
+        except psutil.Error:
+            continue  # gone already
+    if strays:
+        log.warning("demo cleanup: stopping %d unrecorded child process(es): %s", len(strays), strays)
+        kill_pids(strays)
+
+
+def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: float | None) -> None:
+    stack, scenario = drill.stack, drill.scenario
+    for i in range(1, scenario.controllers + 1):
+        plan = ControllerPlan(name=f"ctl-{i}", listen=f"127.0.0.1:{free_port()}")
+        path = stack.work_dir / f"{drill.prefix.strip('/').replace('/', '-')}-{plan.name}.toml"
+        path.write_text(controller_config(
+            plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=[stack.agent_url],
+            lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
+            heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s))
+        proc = ManagedProcess(plan.name, azprobe_argv("controller", "--config", str(path)),
+                              path.with_suffix(".log"))
+        exit_stack.callback(proc.stop)  # before start(): an interrupt right after it is covered
+        drill.controllers[plan.name] = proc
+        proc.start()
+
+
+def _view_state(drill: _Drill, recorder: KvRecorder, poller: AgentPoller, phase: str, phase_t0: float,
+                metrics: DrillMetrics | None) -> ViewState:
+    doc = recorder.latest
+    state = ViewState(scenario=drill.scenario.name, description=drill.scenario.description, phase=phase,
+                      phase_elapsed_s=time.monotonic() - phase_t0, fault=drill.fault_text,
+                      paths=[p for p in summarise(poller.recent) if p.dst in drill.stack.azs],
+                      log=drill.log_lines[-5:])
+    if doc is not None:
+        state.zones = zone_rows(doc)
+        state.generation, state.doc_state, state.leader = doc.generation, doc.state, doc.leader
+    if metrics is not None:
+        state.kv_writes, state.detect_s, state.recover_s = metrics.kv_writes, metrics.detect_s, metrics.recover_s
+    return state
+
+
+def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = None, prefix: str | None = None,
+              tick: Tick | None = None, baseline_timeout_s: float = 60.0, settle_s: float = 2.0,
+              recover_timeout_s: float = 60.0, drain_dwell_s: float | None = DRAIN_DWELL_S) -> DrillResult:
+    """Run one drill against a running stack; controllers and faults are gone on return.
+    drain_dwell_s None: the controller's default dwell."""
+    fault_s = fault_s if fault_s is not None else scenario.default_fault_s
+    timeline = scenario.timeline(fault_s)
+    sick = scenario.sick_azs(stack.azs)
+    prefix = prefix or f"azprobe/demo-{uuid.uuid4().hex[:8]}/"
+    drill = _Drill(stack, scenario, prefix)
+    poller = AgentPoller(stack.agent_url)
+    ticker = _Ticker(tick)
+
+    def current_metrics() -> DrillMetrics:
+        return compute_metrics(recorder.samples, drill.events, sick, leader_events=leaders.events)
+
+    def show(phase: str, t0: float) -> None:
+        drill.check_children()
+        if ticker.due():
+            poller.poll()
+            ticker.emit(_view_state(drill, recorder, poller, phase, t0, current_metrics()))
+
+    with ExitStack() as exit_stack:
+        recorder = KvRecorder(stack.consul_url, prefix).start()
+        exit_stack.callback(recorder.stop)
+        leaders = LeaderRecorder(stack.consul_url, prefix).start()
+        exit_stack.callback(leaders.stop)
+        _start_controllers(drill, exit_stack, drain_dwell_s)
+        exit_stack.callback(stack.clear)  # a failed drill never leaves a fault behind
+        drill.note(f"{len(drill.controllers)} controller(s) started, prefix {prefix}")
+
+        # Baseline: weights in KV, every zone ok, held for settle_s.
+        t0 = time.monotonic()
+        ok_since: float | None = None
+        while True:
+            doc = recorder.latest
+            healthy = (doc is not None and doc.state == "ok" and set(stack.azs) <= set(doc.zones)
+                       and all(z.state == "ok" for z in doc.zones.values()))
+            now = time.monotonic()
+            ok_since = (ok_since or now) if healthy else None
+            if ok_since is not None and now - ok_since >= settle_s:
+                break
+            if now - t0 > baseline_timeout_s:
+                raise PrerequisiteError(
+                    f"no healthy baseline weights in KV within {baseline_timeout_s:.0f} s "
+                    f"(latest: {doc.state if doc else 'nothing written'}); logs in {stack.work_dir}")
+            show("baseline", t0)
+            time.sleep(0.05)
+        drill.note("baseline: " + " ".join(f"{az}={z.share}" for az, z in recorder.latest.zones.items()))
+
+        # Fault phase: execute the timeline at its offsets.
+        t0 = time.monotonic()
+        pending = list(timeline)
+        while pending:
+            if time.monotonic() - t0 >= pending[0].at_s:
+                _execute(drill, pending.pop(0), recorder)
+                continue
+            show("fault", t0)
+            time.sleep(0.02)
+
+        # Recovery: until the sick zones are back near baseline in a document whose state
+        # is ok (out of panic, nothing degraded), and after a leader kill another
+        # controller has written.
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < recover_timeout_s:
+            m = current_metrics()
+            doc = recorder.latest
+            killed = any(e.action == "kill-leader" for e in drill.events)
+            if (m.recover_s is not None and doc is not None and doc.state == "ok"
+                    and (not killed or m.takeover_s is not None)):
+                break
+            show("recovery", t0)
+            time.sleep(0.05)
+        else:
+            drill.note(f"not recovered within {recover_timeout_s:.0f} s")
+        samples = recorder.samples
+        metrics = compute_metrics(samples, drill.events, sick, leader_events=leaders.events)
+        drill.note("done")
+        if tick is not None:
+            tick(_view_state(drill, recorder, poller, "done", t0, metrics))
+    return DrillResult(scenario.name, sick, fault_s, metrics, samples, list(drill.events), str(stack.work_dir),
+                       leader_events=leaders.events, expect_drain=scenario.expect_drain,
+                       expect_panic=scenario.expect_panic)
+
+
+def _execute(drill: _Drill, step: Step, recorder: KvRecorder) -> None:
+    # Faults are stamped when the lab call returns: from then on the fault is in effect
+    # (starting a delay line takes a moment, which is the lab's latency, not the loop's).
+    started = time.monotonic()
+    if step.action == "fault":
+        drill.stack.apply(step.faults)
+        drill.fault_text = "; ".join(f.describe() for f in step.faults)
+        now = time.monotonic()
+        drill.events.append(FaultEvent(now, "fault", drill.fault_text, apply_s=round(now - started, 3)))
+    elif step.action == "clear":
+        drill.stack.clear()
+        drill.fault_text = ""
+        now = time.monotonic()
+        drill.events.append(FaultEvent(now, "clear", apply_s=round(now - started, 3)))
+    elif step.action == "kill-leader":
+        doc = recorder.latest
+        name = doc.leader if doc is not None and doc.leader in drill.controllers else next(iter(drill.controllers))
+        drill.events.append(FaultEvent(started, "kill-leader", name))
+        drill.killed.add(name)
+        drill.controllers[name].kill()
+        drill.note(f"SIGKILL leader {name}")
+        return
+    drill.note(f"{step.action}: {drill.fault_text or 'all faults cleared'}"
+               f" (applied in {time.monotonic() - started:.1f} s)")
+
+
+class _Ticker:
+    """Calls the view callback at most once per second."""
+
+    def __init__(self, tick: Tick | None, period_s: float = 1.0) -> None:
+        self.tick = tick
+        self.period_s = period_s
+        self.next_at = 0.0
+
+    def due(self) -> bool:
+        return self.tick is not None and time.monotonic() >= self.next_at
+
+    def emit(self, state: ViewState) -> None:
+        self.next_at = time.monotonic() + self.period_s
+        assert self.tick is not None
+        self.tick(state)
+
+
+def run_demo(scenario: Scenario, *, fault_s: float | None = None, keep: bool = False, tick: Tick | None = None,
+             progress: Callable[[str], None] = lambda msg: None, lab_name: str = LAB_NAME) -> DrillResult:
+    """The whole demo: stack up, one drill, stack down (always)."""
+    stack = LoopStack(keep=keep, lab_name=lab_name)
+    try:
+        stack.start(progress)
+        progress(f"drill {scenario.name}")
+        return run_drill(stack, scenario, fault_s=fault_s, tick=tick)
+    finally:
+        progress("teardown" + (f" (keeping the lab and {stack.work_dir})" if keep else ""))
+        stack.close()

@@ -1,0 +1,88 @@
+"""`azprobe devconsul`: run the embedded Consul-API server in the foreground."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+import click
+from aiohttp import web
+
+from azprobe.config import parse_host_port
+from azprobe.errors import AzprobeError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir: str | None,
+                acl_master_token: str | None) -> None:
+    from azprobe.dev.devconsul.http import build_app
+    from azprobe.dev.devconsul.server import DevConsulServer
+
+    try:
+        server = DevConsulServer(node_name=node_name, datacenter=datacenter, acl_master_token=acl_master_token,
+                                 data_dir=data_dir,
+                                 advertise_addr=host if host not in ("0.0.0.0", "::") else "127.0.0.1")
+    except OSError as exc:
+        raise ConfigError("--data-dir", f"cannot use {data_dir!r}: {exc.strerror or exc}",
+                          "give a writable directory") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("--data-dir", f"the snapshot in {data_dir!r} is unreadable: {exc}",
+                          "restore it from a backup or move it away to start empty") from None
+    runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
+        raise ConfigError("--http-addr", f"cannot listen on {host}:{port}: {reason}",
+                          "pick a free port, e.g. --http-addr 127.0.0.1:18500") from None
+    print(f"devconsul: serving Consul HTTP API on http://{host}:{port} "
+          f"(node {node_name}, dc {datacenter}, index {server.store.index}, "
+          f"acl {'on' if server.acl.enabled else 'off'}, data-dir {data_dir or 'none (in memory)'})",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+@click.command("devconsul")
+@click.option("--http-addr", default="127.0.0.1:8500", show_default=True, help="host:port to serve the HTTP API on.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Keep state here (write-ahead log + snapshot); default: in memory only.")
+@click.option("--acl-master-token", default=None, envvar="DEVCONSUL_ACL_MASTER_TOKEN",
+              help="Enable ACLs (default deny) with this management token.")
+@click.option("--node-name", default=None, help="This node's name in the catalog [default: hostname].")
+@click.option("--datacenter", default="dc1", show_default=True, help="Datacenter name.")
+def devconsul_command(http_addr: str, data_dir: str | None, acl_master_token: str | None,
+                      node_name: str | None, datacenter: str) -> None:
+    """Embedded server speaking Consul's HTTP API (KV, txn, sessions, status, catalog)."""
+    host, port = parse_host_port(http_addr, "--http-addr")
+    if acl_master_token is not None and not acl_master_token.strip():
+        raise ConfigError("--acl-master-token", "is empty", "give a non-empty token or leave the flag out")
+    if not datacenter or not datacenter.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError("--datacenter", f"{datacenter!r} is not a valid name", "use letters, digits, - and _")
+    asyncio.run(serve(host, port, node_name or socket.gethostname(), datacenter, data_dir, acl_master_token))
+
+
+def main() -> None:
+    try:
+        devconsul_command(standalone_mode=False)
+    except AzprobeError as exc:
+        print(f"azprobe: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        sys.exit(1)

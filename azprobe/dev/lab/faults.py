@@ -1,0 +1,174 @@
+"""Faults in the router's forward path, per destination AZ, with nftables.
+
+Faults act on packets leaving the router toward an AZ's *servers* (`oifname s-<az>`), so
+"delay 50 ms on az-b" moves only the paths that end in az-b: replies flowing back to
+az-b's client are untouched, and every path's RTT stays attributable.
+
+Every rule counts into a named nft counter; those counters are the ground truth tests
+compare the probe against. Counters are cumulative since `lab up` (fault/clear never
+reset them), so take a delta around what you measure. Counter kinds per AZ:
+
+    packets    every packet forwarded toward the AZ's servers
+    syns       pure SYNs (SYN without ACK) among them
+    blackhole  packets dropped by --blackhole
+    refuse     SYNs answered with a TCP reset by --refuse
+    syn_loss   SYNs dropped by --syn-loss-pct
+    loss       packets dropped by --loss-pct
+    delay      packets handed to the delay line by --delay-ms
+
+Rule order in a fault chain: blackhole, refuse, syn_loss, loss, then a counter-only
+`delay` rule. The kernel here has xt_NFQUEUE but no nft_queue, so the queue itself is an
+iptables/ip6tables rule (`-o s-<az> -j NFQUEUE --queue-bypass`) in the router's FORWARD
+chain (table ip/ip6 filter, priority 0). The lab's table runs before it (priority -10):
+packets it drops are never queued, and every packet counted as `delay` reaches the
+queue. With --queue-bypass, packets pass undelayed if the delay line is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from azprobe.errors import ConfigError
+from azprobe.dev.lab.netns import run_in_ns
+from azprobe.dev.lab.topology import LabPlan, ZonePlan
+
+COUNTER_KINDS = ("packets", "syns", "blackhole", "refuse", "syn_loss", "loss", "delay")
+PURE_SYN = "tcp flags & (syn | ack) == syn"
+MAX_DELAY_MS = 10_000.0
+QUEUE_BASE = 100  # NFQUEUE number of AZ k is QUEUE_BASE + k (queues are per namespace)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The complete fault of one AZ; `lab fault` replaces the previous one."""
+
+    delay_ms: float = 0.0
+    loss_pct: float = 0.0
+    syn_loss_pct: float = 0.0
+    blackhole: bool = False
+    refuse: bool = False
+
+    def __post_init__(self) -> None:
+        for field, value, top in (("delay-ms", self.delay_ms, MAX_DELAY_MS), ("loss-pct", self.loss_pct, 100.0),
+                                  ("syn-loss-pct", self.syn_loss_pct, 100.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+                    or not 0 <= value <= top:
+                raise ConfigError(field, f"{value!r} is outside 0..{top:g}")
+        if self.blackhole and (self.refuse or self.delay_ms or self.loss_pct or self.syn_loss_pct):
+            raise ConfigError("blackhole", "drops everything, so combining it with other faults means nothing",
+                              "pass --blackhole alone")
+        if self.is_empty():
+            raise ConfigError("fault", "no fault given",
+                              "pass --delay-ms, --loss-pct, --syn-loss-pct, --blackhole or --refuse; "
+                              "`azprobe lab clear` removes faults")
+
+    def is_empty(self) -> bool:
+        return not (self.delay_ms or self.loss_pct or self.syn_loss_pct or self.blackhole or self.refuse)
+
+    def to_json(self) -> dict[str, float | bool]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        parts = []
+        if self.blackhole:
+            parts.append("blackhole")
+        if self.refuse:
+            parts.append("refuse")
+        if self.syn_loss_pct:
+            parts.append(f"syn-loss {self.syn_loss_pct:g}%")
+        if self.loss_pct:
+            parts.append(f"loss {self.loss_pct:g}%")
+        if self.delay_ms:
+            parts.append(f"delay {self.delay_ms:g} ms")
+        return ", ".join(parts)
+
+
+def counter_name(zone: ZonePlan, kind: str) -> str:
+    return f"{zone.counter_prefix}_{kind}"
+
+
+def queue_number(zone: ZonePlan) -> int:
+    return QUEUE_BASE + zone.number
+
+
+def _per_10000(pct: float) -> int:
+    # numgen works on integers: basis points keep 0.01 % resolution
+    return int(round(pct * 100))
+
+
+def base_ruleset(plan: LabPlan) -> str:
+    """The lab's table: observation counters per AZ and an empty fault chain per AZ."""
+    t = plan.nft_table
+    lines = [f"table inet {t}", f"delete table inet {t}", f"table inet {t} {{"]
+    for zone in plan.zones:
+        for kind in COUNTER_KINDS:
+            lines.append(f"  counter {counter_name(zone, kind)} {{ }}")
+    lines.append("  chain forward {")
+    lines.append("    type filter hook forward priority -10; policy accept;")
+    for zone in plan.zones:
+        lines.append(f'    oifname "{zone.server_link.router_ifname}" jump to_{zone.counter_prefix}')
+    lines.append("  }")
+    for zone in plan.zones:
+        p = zone.counter_prefix
+        lines += [f"  chain to_{p} {{",
+                  f'    counter name "{counter_name(zone, "packets")}"',
+                  f'    {PURE_SYN} counter name "{counter_name(zone, "syns")}"',
+                  f"    jump fault_{p}",
+                  "  }",
+                  f"  chain fault_{p} {{ }}"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def fault_rules(plan: LabPlan, zone: ZonePlan, fault: Fault | None) -> str:
+    """nft script that replaces the fault chain of `zone` (None: no fault)."""
+    chain = f"inet {plan.nft_table} fault_{zone.counter_prefix}"
+    lines = [f"flush chain {chain}"]
+    if fault is not None:
+        def rule(match: str, kind: str, verdict: str) -> None:
+            lines.append(f'add rule {chain} {match}counter name "{counter_name(zone, kind)}" {verdict}')
+        if fault.blackhole:
+            rule("", "blackhole", "drop")
+        if fault.refuse:
+            rule(f"{PURE_SYN} ", "refuse", "reject with tcp reset")
+        if fault.syn_loss_pct:
+            rule(f"{PURE_SYN} numgen random mod 10000 < {_per_10000(fault.syn_loss_pct)} ", "syn_loss", "drop")
+        if fault.loss_pct:
+            rule(f"numgen random mod 10000 < {_per_10000(fault.loss_pct)} ", "loss", "drop")
+        if fault.delay_ms:
+            rule("", "delay", "")
+    return "\n".join(lines) + "\n"
+
+
+def nft_apply(plan: LabPlan, script: str) -> None:
+    run_in_ns(plan.router_ns, ["nft", "-f", "-"], input=script)
+
+
+def _queue_rule(zone: ZonePlan) -> list[str]:
+    return ["FORWARD", "-o", zone.server_link.router_ifname, "-j", "NFQUEUE",
+            "--queue-num", str(queue_number(zone)), "--queue-bypass"]
+
+
+def set_delay_queue(plan: LabPlan, zone: ZonePlan, enabled: bool) -> None:
+    """Add or remove the NFQUEUE rule(s) toward `zone`'s servers (idempotent)."""
+    tools = ["iptables"] + (["ip6tables"] if plan.ipv6 else [])
+    for tool in tools:
+        present = run_in_ns(plan.router_ns, [tool, "-w", "-C", *_queue_rule(zone)], check=False).returncode == 0
+        if enabled and not present:
+            run_in_ns(plan.router_ns, [tool, "-w", "-A", *_queue_rule(zone)])
+        elif not enabled and present:
+            run_in_ns(plan.router_ns, [tool, "-w", "-D", *_queue_rule(zone)])
+
+
+def read_counters(plan: LabPlan) -> dict[str, dict[str, int]]:
+    """AZ -> counter kind -> packets, read from the router namespace."""
+    out = run_in_ns(plan.router_ns, ["nft", "-j", "list", "counters", "table", "inet", plan.nft_table]).stdout
+    by_name: dict[str, int] = {}
+    for item in json.loads(out).get("nftables", []):
+        counter = item.get("counter")
+        if counter:
+            by_name[counter["name"]] = int(counter.get("packets", 0))
+    return {zone.az: {kind: by_name.get(counter_name(zone, kind), 0) for kind in COUNTER_KINDS}
+            for zone in plan.zones}

@@ -1,0 +1,481 @@
+"""The Lab object: bring a lab up, inject faults, read ground truth, tear it down."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from azprobe.errors import ConfigError
+from azprobe.dev.lab import faults as nft
+from azprobe.dev.lab import netns, state
+from azprobe.dev.lab.agentconfig import agent_listen, render_agent_config
+from azprobe.dev.lab.faults import Fault
+from azprobe.dev.lab.processes import spawn_in_ns, wait_ready
+from azprobe.dev.lab.topology import DEFAULT_NAME, DEFAULT_PORT, LabPlan, ZonePlan, az_names, plan_lab, validate_name
+
+SCHEMA = 1
+TRAFFIC_MODULE = "azprobe.dev.lab.traffic"
+DELAYLINE_MODULE = "azprobe.dev.lab.delayline"
+_name_counter = itertools.count(1)
+
+
+def unique_lab_name(prefix: str = "t") -> str:
+    """A lab name no other process on this box uses: prefix + pid + a per-process counter.
+    Tests use it so that labs of concurrent test runs never share namespaces."""
+    return validate_name(f"{prefix}{os.getpid():x}{next(_name_counter)}"[:10])
+
+
+@dataclass(frozen=True)
+class TrafficSpec:
+    """Traffic generators, one per client namespace, toward every AZ's server.
+
+    rate:        new connections per second per (client, target)
+    conns:       long-lived request/response connections per (client, target)
+    interval_ms: pause between requests on a long-lived connection
+    port:        server port to use (one of LabSpec.server_ports)
+    clients:     AZs whose client namespace runs a generator (None: all)
+    families:    (4,), (6,) or (4, 6); None: 4, plus 6 when the lab has IPv6
+    connect_timeout_s: a new connection not up by then counts as "timeout"
+    """
+
+    rate: float = 5.0
+    conns: int = 2
+    interval_ms: float = 50.0
+    port: int = DEFAULT_PORT
+    clients: tuple[str, ...] | None = None
+    families: tuple[int, ...] | None = None
+    connect_timeout_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.connect_timeout_s <= 60:
+            raise ConfigError("traffic.connect_timeout_s", f"{self.connect_timeout_s} is outside 0.05..60")
+        if not 0 <= self.rate <= 1000:
+            raise ConfigError("traffic.rate", f"{self.rate} is outside 0..1000 connections/s")
+        if not 0 <= self.conns <= 100:
+            raise ConfigError("traffic.conns", f"{self.conns} is outside 0..100")
+        if not 1 <= self.interval_ms <= 60_000:
+            raise ConfigError("traffic.interval_ms", f"{self.interval_ms} is outside 1..60000")
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """What `Lab.up` builds. state_dir None: /run/azprobe-lab (name "azp") or
+    /run/azprobe-lab-<name>. index None: the lowest free address slot."""
+
+    name: str = DEFAULT_NAME
+    azs: int = 3
+    ipv6: bool = False
+    state_dir: Path | None = None
+    index: int | None = None
+    traffic: bool | TrafficSpec = True
+    server_ports: tuple[int, ...] = (DEFAULT_PORT,)
+
+    def resolved_state_dir(self) -> Path:
+        return Path(self.state_dir) if self.state_dir is not None else state.default_state_dir(self.name)
+
+
+@dataclass
+class ProbeResult:
+    """Outcome of `Lab.connect_probe`: counts per outcome and each successful connect time."""
+
+    ok: int
+    refused: int
+    timeout: int
+    error: int
+    connect_ms: list[float] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float | None:
+        if not self.connect_ms:
+            return None
+        ordered = sorted(self.connect_ms)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def teardown(name: str, state_dir: Path | None = None) -> list[str]:
+    """Remove every trace of lab `name`: processes in its namespaces, the namespaces (their
+    veths and nft table go with them), its address slot and its state files. Finds things
+    by name prefix, so it also cleans up after a crash. Idempotent. Returns what it removed."""
+    validate_name(name)
+    netns.require_root()
+    namespaces = netns.list_lab_namespaces(name)
+    pids = netns.pids_in_namespaces(namespaces)
+    netns.kill_pids(pids)
+    netns.remove_namespaces(namespaces)
+    state.release_slots(name)
+    removed = [f"netns {ns}" for ns in namespaces] + [f"pid {pid}" for pid in sorted(pids)]
+    sdir = Path(state_dir) if state_dir is not None else state.default_state_dir(name)
+    if (sdir / state.STATE_FILE).exists() or (sdir / state.AGENT_CONFIG_FILE).exists():
+        for child in (state.STATE_FILE, state.AGENT_CONFIG_FILE, ".lock"):
+            with contextlib.suppress(FileNotFoundError):
+                (sdir / child).unlink()
+        for sub in ("logs", "traffic"):
+            shutil.rmtree(sdir / sub, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            sdir.rmdir()  # only if empty: never delete what someone else put there
+        removed.append(f"state {sdir}")
+    return removed
+
+
+class Lab:
+    """A running lab. Build one with `Lab.up(spec)` or attach with `Lab.load(state_dir)`.
+
+    Use it as a context manager in tests: the lab is torn down on exit, also when the
+    body raises or on KeyboardInterrupt.
+    """
+
+    def __init__(self, plan: LabPlan, state_dir: Path, doc: dict[str, Any]) -> None:
+        self.plan = plan
+        self.state_dir = state_dir
+        self._doc = doc
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    @classmethod
+    def up(cls, spec: LabSpec = LabSpec()) -> "Lab":
+        """Build the lab; on any failure, remove what was built and re-raise."""
+        netns.require_root()
+        validate_name(spec.name)
+        az_names(spec.azs)
+        for port in spec.server_ports:
+            if not 1 <= port <= 65535:
+                raise ConfigError("server_ports", f"{port} is not a TCP port")
+        state_dir = spec.resolved_state_dir()
+        if netns.list_lab_namespaces(spec.name):
+            raise ConfigError("name", f"lab {spec.name!r} is already up ({', '.join(netns.list_lab_namespaces(spec.name))})",
+                              f"run `azprobe lab down --name {spec.name}` first, or pick another --name")
+        index = state.claim_slot(spec.name, spec.index)
+        try:
+            plan = plan_lab(spec.name, index, spec.azs, spec.ipv6)
+            doc = {"schema": SCHEMA, "name": spec.name, "index": index, "azs": spec.azs, "ipv6": spec.ipv6,
+                   "created_at": time.time(), "server_ports": list(spec.server_ports),
+                   "processes": [], "traffic": None, "faults": {}, "delay_lines": {}}
+            lab = cls(plan, state_dir, doc)
+            with state.locked(state_dir):
+                netns.build(plan)
+                nft.nft_apply(plan, nft.base_ruleset(plan))
+                lab._start_servers()
+                lab.agent_config_path.write_text(render_agent_config(plan))
+                state.write_state(state_dir, lab._doc)
+            if spec.traffic:
+                lab.start_traffic(spec.traffic if isinstance(spec.traffic, TrafficSpec) else TrafficSpec())
+            return lab
+        except BaseException:
+            teardown(spec.name, state_dir)
+            raise
+
+    @classmethod
+    def load(cls, state_dir: Path | str) -> "Lab":
+        """Attach to a lab that is up (for example one started by `azprobe lab up`)."""
+        sdir = Path(state_dir)
+        doc = state.read_state(sdir)
+        plan = plan_lab(doc["name"], doc["index"], doc["azs"], doc["ipv6"])
+        return cls(plan, sdir, doc)
+
+    def down(self) -> list[str]:
+        """Tear everything down (idempotent)."""
+        removed = teardown(self.plan.name, self.state_dir)
+        self._children.clear()
+        return removed
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.down()
+
+    # ---- names and addresses ---------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def azs(self) -> list[str]:
+        return self.plan.azs
+
+    @property
+    def router_ns(self) -> str:
+        return self.plan.router_ns
+
+    @property
+    def agent_config_path(self) -> Path:
+        return self.state_dir / state.AGENT_CONFIG_FILE
+
+    def zone(self, az: str) -> ZonePlan:
+        """The plan of one AZ; unknown AZ -> ConfigError naming `az` and listing the AZs."""
+        return self.plan.zone(az)
+
+    def client_ns(self, az: str) -> str:
+        return self.zone(az).client_ns
+
+    def server_ns(self, az: str) -> str:
+        return self.zone(az).server_ns
+
+    def server_addr(self, az: str, ipv6: bool = False) -> str:
+        zone = self.zone(az)
+        if ipv6 and zone.server_v6 is None:
+            raise ConfigError("ipv6", f"lab {self.name!r} has no IPv6", "bring it up with --ipv6")
+        return zone.server_v6 if ipv6 else zone.server_v4  # type: ignore[return-value]
+
+    def client_addr(self, az: str, ipv6: bool = False) -> str:
+        zone = self.zone(az)
+        if ipv6 and zone.client_v6 is None:
+            raise ConfigError("ipv6", f"lab {self.name!r} has no IPv6", "bring it up with --ipv6")
+        return zone.client_v6 if ipv6 else zone.client_v4  # type: ignore[return-value]
+
+    # ---- faults ----------------------------------------------------------------------
+
+    def fault(self, az: str, *, delay_ms: float = 0.0, loss_pct: float = 0.0, syn_loss_pct: float = 0.0,
+              blackhole: bool = False, refuse: bool = False) -> Fault:
+        """Set the complete fault toward `az`'s servers (replacing any previous one)."""
+        zone = self.zone(az)
+        fault = Fault(delay_ms=delay_ms, loss_pct=loss_pct, syn_loss_pct=syn_loss_pct,
+                      blackhole=blackhole, refuse=refuse)
+        with state.locked(self.state_dir):
+            self._reload()
+            # The queue rule goes only when its delay line is bound and ready (with
+            # --queue-bypass a gap means undelayed packets, never lost ones).
+            nft.set_delay_queue(self.plan, zone, enabled=False)
+            self._stop_delay_line(az)
+            nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, fault))
+            if fault.delay_ms:
+                self._start_delay_line(zone, fault.delay_ms)
+                nft.set_delay_queue(self.plan, zone, enabled=True)
+            self._doc["faults"][az] = fault.to_json()
+            state.write_state(self.state_dir, self._doc)
+        return fault
+
+    def clear(self, az: str | None = None) -> None:
+        """Remove the fault of one AZ, or of every AZ."""
+        zones = [self.zone(az)] if az is not None else list(self.plan.zones)
+        with state.locked(self.state_dir):
+            self._reload()
+            for zone in zones:
+                nft.set_delay_queue(self.plan, zone, enabled=False)
+                nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, None))
+                self._stop_delay_line(zone.az)
+                self._doc["faults"].pop(zone.az, None)
+            state.write_state(self.state_dir, self._doc)
+
+    def delay_line_stats(self, az: str) -> dict[str, float | int] | None:
+        """The delay line's own accuracy toward `az`: {"packets", "late_us_p50",
+        "late_us_p99", "late_us_max"} (release time minus due time, last 10k packets),
+        refreshed every second; None if no delay line ever ran for az."""
+        self.zone(az)
+        try:
+            return json.loads(self._delay_stats_path(az).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def faults(self) -> dict[str, dict[str, Any]]:
+        self._reload()
+        return dict(self._doc["faults"])
+
+    def counters(self, az: str | None = None) -> dict[str, Any]:
+        """nft packet counters (cumulative since `up`). With az: {kind: packets} for that AZ
+        (kinds: packets, syns, blackhole, refuse, syn_loss, loss, delay); without: {az: {...}}."""
+        if az is not None:
+            self.zone(az)
+        counts = nft.read_counters(self.plan)
+        return counts[az] if az is not None else counts
+
+    # ---- traffic ---------------------------------------------------------------------
+
+    def start_traffic(self, spec: TrafficSpec = TrafficSpec()) -> None:
+        """(Re)start the generators with `spec`; waits until every generator runs."""
+        if spec.port not in self._doc["server_ports"]:
+            raise ConfigError("traffic.port", f"no server listens on {spec.port}",
+                              f"use one of {self._doc['server_ports']} (LabSpec.server_ports)")
+        clients = list(spec.clients) if spec.clients is not None else self.azs
+        for az in clients:
+            self.zone(az)
+        families = spec.families or ((4, 6) if self.plan.ipv6 else (4,))
+        if 6 in families and not self.plan.ipv6:
+            raise ConfigError("traffic.families", f"lab {self.name!r} has no IPv6", "bring it up with --ipv6")
+        with state.locked(self.state_dir):
+            self._reload()
+            self._stop_role("generator")
+            targets = []
+            for zone in self.plan.zones:
+                if 4 in families:
+                    targets.append(f"{zone.az}={zone.server_v4}")
+                if 6 in families:
+                    targets.append(f"{zone.az}/ipv6={zone.server_v6}")
+            (self.state_dir / "traffic").mkdir(parents=True, exist_ok=True)
+            launches = []
+            for az in clients:
+                ns = self.client_ns(az)
+                argv = netns.python_argv(TRAFFIC_MODULE, "client", "--port", str(spec.port), "--rate", str(spec.rate),
+                                         "--conns", str(spec.conns), "--interval-ms", str(spec.interval_ms),
+                                         "--connect-timeout-s", str(spec.connect_timeout_s),
+                                         "--stats-file", str(self._traffic_stats_path(az)),
+                                         *itertools.chain.from_iterable(("--target", t) for t in targets))
+                launches.append(("generator", az, ns, argv))
+            self._launch(launches)
+            self._doc["traffic"] = {**asdict(spec), "clients": clients, "families": list(families)}
+            state.write_state(self.state_dir, self._doc)
+
+    def stop_traffic(self) -> None:
+        with state.locked(self.state_dir):
+            self._reload()
+            self._stop_role("generator")
+            self._doc["traffic"] = None
+            state.write_state(self.state_dir, self._doc)
+
+    def traffic_stats(self) -> dict[str, dict[str, dict[str, int]]]:
+        """client AZ -> target ("az-b" or "az-b/ipv6") -> outcome counts of its generator:
+        ok, refused, timeout, reset, error (new connections), requests (long-lived
+        round trips), long_lived_up. Refreshed by the generators twice a second."""
+        result = {}
+        for az in self.azs:
+            path = self._traffic_stats_path(az)
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                result[az] = json.loads(path.read_text())["targets"]
+        return result
+
+    # ---- running things inside the lab -----------------------------------------------
+
+    def exec(self, ns: str, argv: Sequence[str], *, input: str | None = None, timeout: float = 30.0,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run argv inside namespace `ns` (one of `namespaces`); text output captured.
+        check=True raises PrerequisiteError on a non-zero exit."""
+        self._require_ns(ns)
+        return netns.run_in_ns(ns, argv, input=input, timeout=timeout, check=check)
+
+    def netstat(self, ns: str) -> dict[str, int]:
+        """The namespace's TCP/IP counters, nstat-style names: {"TcpExtTCPTimeouts": n, ...}."""
+        self._require_ns(ns)
+        return netns.read_netstat(ns)
+
+    def connect_probe(self, src_az: str, dst_az: str, *, count: int = 10, timeout_s: float = 1.0,
+                      ipv6: bool = False, port: int | None = None, interval_s: float = 0.0) -> ProbeResult:
+        """`count` sequential TCP connects from src_az's client to dst_az's server; each
+        connect() is timed on its own (an independent stopwatch for delay tests)."""
+        addr = self.server_addr(dst_az, ipv6=ipv6)
+        argv = netns.python_argv(TRAFFIC_MODULE, "probe", "--addr", addr,
+                                 "--port", str(port or self._doc["server_ports"][0]), "--count", str(count),
+                                 "--timeout-s", str(timeout_s), "--interval-s", str(interval_s))
+        out = self.exec(self.client_ns(src_az), argv, timeout=count * (timeout_s + interval_s) + 30).stdout
+        doc = json.loads(out)
+        return ProbeResult(ok=doc["ok"], refused=doc["refused"], timeout=doc["timeout"], error=doc["error"],
+                           connect_ms=list(doc["connect_ms"]))
+
+    @property
+    def namespaces(self) -> list[str]:
+        return self.plan.namespaces
+
+    # ---- reporting -------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """The lab as JSON (what `lab up --json` prints)."""
+        self._reload()
+        return {
+            "name": self.name,
+            "index": self.plan.index,
+            "ipv6": self.plan.ipv6,
+            "state_dir": str(self.state_dir),
+            "agent_config": str(self.agent_config_path),
+            "agent_listen": agent_listen(self.plan),
+            "router_ns": self.router_ns,
+            "nft_table": f"inet {self.plan.nft_table} (in {self.router_ns})",
+            "cidr_v4": str(self.plan.cidr_v4),
+            "server_ports": self._doc["server_ports"],
+            "azs": {z.az: {"cidrs": z.cidrs, "server_ns": z.server_ns, "client_ns": z.client_ns,
+                           "servers": [a for a in (z.server_v4, z.server_v6) if a],
+                           "clients": [a for a in (z.client_v4, z.client_v6) if a]}
+                    for z in self.plan.zones},
+            "traffic": self._doc["traffic"],
+            "faults": self._doc["faults"],
+        }
+
+    def status(self) -> dict[str, Any]:
+        """info() plus what is actually alive: namespaces, processes, counters."""
+        doc = self.info()
+        present = set(netns.list_lab_namespaces(self.name))
+        doc["namespaces"] = {ns: ns in present for ns in self.namespaces}
+        doc["processes"] = [{**p, "alive": netns.pid_alive(p["pid"])} for p in self._doc["processes"]]
+        doc["delay_lines"] = {az: {**d, "alive": netns.pid_alive(d["pid"])}
+                              for az, d in self._doc["delay_lines"].items()}
+        doc["counters"] = self.counters() if self.router_ns in present else None
+        doc["healthy"] = (all(doc["namespaces"].values())
+                          and all(p["alive"] for p in doc["processes"])
+                          and all(d["alive"] for d in doc["delay_lines"].values()))
+        return doc
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _reload(self) -> None:
+        with contextlib.suppress(ConfigError):
+            self._doc = state.read_state(self.state_dir)
+
+    def _require_ns(self, ns: str) -> None:
+        if ns not in self.namespaces:
+            raise ConfigError("ns", f"{ns!r} is not a namespace of lab {self.name!r}",
+                              f"choose one of: {', '.join(self.namespaces)}")
+
+    def _traffic_stats_path(self, az: str) -> Path:
+        return self.state_dir / "traffic" / f"{self.client_ns(az)}.json"
+
+    def _delay_stats_path(self, az: str) -> Path:
+        return self.state_dir / "logs" / f"delay-{az}.json"
+
+    def _log_path(self, role: str, ns: str) -> Path:
+        return self.state_dir / "logs" / f"{role}-{ns}.log"
+
+    def _launch(self, launches: list[tuple[str, str, str, list[str]]]) -> list[int]:
+        procs, logs = [], []
+        for role, az, ns, argv in launches:
+            log = self._log_path(role, ns)
+            procs.append(spawn_in_ns(ns, argv, log))
+            logs.append(log)
+        wait_ready(procs, logs)
+        for (role, az, ns, argv), proc in zip(launches, procs):
+            self._children[proc.pid] = proc
+            self._doc["processes"].append({"role": role, "az": az, "ns": ns, "pid": proc.pid})
+        return [p.pid for p in procs]
+
+    def _start_servers(self) -> None:
+        ports = [a for port in self._doc["server_ports"] for a in ("--port", str(port))]
+        self._launch([("server", z.az, z.server_ns, netns.python_argv(TRAFFIC_MODULE, "server", *ports))
+                      for z in self.plan.zones])
+
+    def _kill_recorded(self, pids: list[int], ns: str | None = None) -> None:
+        # A recorded pid is only ours while it still lives in one of our namespaces.
+        ours = netns.pids_in_namespaces([ns] if ns else self.namespaces)
+        netns.kill_pids([p for p in pids if p in ours])
+        for pid in pids:
+            self._children.pop(pid, None)
+
+    def _stop_role(self, role: str) -> None:
+        victims = [p for p in self._doc["processes"] if p["role"] == role]
+        self._kill_recorded([p["pid"] for p in victims])
+        self._doc["processes"] = [p for p in self._doc["processes"] if p["role"] != role]
+
+    def _start_delay_line(self, zone: ZonePlan, delay_ms: float) -> None:
+        argv = netns.python_argv(DELAYLINE_MODULE, "--queue", str(nft.queue_number(zone)),
+                                 "--delay-ms", str(delay_ms), "--stats-file", str(self._delay_stats_path(zone.az)))
+        log = self._log_path(f"delay-{zone.az}", self.router_ns)
+        proc = spawn_in_ns(self.router_ns, argv, log)
+        wait_ready([proc], [log])
+        self._children[proc.pid] = proc
+        self._doc["delay_lines"][zone.az] = {"pid": proc.pid, "queue": nft.queue_number(zone), "delay_ms": delay_ms}
+
+    def _stop_delay_line(self, az: str) -> None:
+        line = self._doc["delay_lines"].pop(az, None)
+        if line is not None:
+            self._kill_recorded([line["pid"]], self.router_ns)
+
