@@ -36,7 +36,7 @@ def test_install_is_complete_and_idempotent(tmp_path):
     # A node gets the loop and its consumers, not the dev tools (lab, devconsul, demo).
     site = Path(subprocess.run([str(prefix / "bin" / "python"), "-c",
                                 "import azprobe, pathlib; print(pathlib.Path(azprobe.__file__).parent)"],
-                               capture_output=True, text=True, timeout=60).stdout.strip())
+                               capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout.strip())
     assert {"agent", "controller", "bpf", "contracts", "consumers"} <= {p.name for p in site.iterdir()}
     assert not (site / "dev").exists()
     lab = subprocess.run([str(prefix / "bin" / "azprobe"), "lab", "status"], capture_output=True, text=True,
