@@ -38,12 +38,13 @@ import consul.base
 import requests
 
 from azprobe.config import Section
+from azprobe.contracts import kv
 from azprobe.errors import AzprobeError, ConfigError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8500"
-DEFAULT_PREFIX = "azprobe/v1/"
+DEFAULT_PREFIX = kv.DEFAULT_PREFIX
 MAX_TXN_OPS = 128  # Consul's limit per transaction
 ADDRESS_HELP = "pass --consul URL or set CONSUL_HTTP_ADDR"
 TOKEN_HELP = "set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or consul.token_file"

@@ -31,6 +31,7 @@ from typing import Any
 import consul
 
 from azprobe.consul import ConsulError, ConsulSettings, translate_error
+from azprobe.contracts import kv
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class LeaderElection:
                  ttl_s: float = 10.0, lock_delay_s: float = 15.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
-        self.key = settings.key("leader")
+        self.key = settings.key(kv.LEADER)
         self.name = name
         self.address = address
         self.ttl_s = ttl_s

@@ -33,10 +33,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.window import OTHER_AZ, TcpCounters, Window
-from azprobe.controller.models import ZoneStats
 
-__all__ = ["Aggregate", "MergedView", "UtilWeights", "ZoneStats", "merge_windows", "failures_by_zone"]
+__all__ = ["Aggregate", "MergedView", "UtilWeights", "merge_windows", "failures_by_zone"]
 
 
 @dataclass(frozen=True)

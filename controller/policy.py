@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from azprobe.config import Section
-from azprobe.controller.models import Model, ZoneStats, load_model
+from azprobe.contracts.stats import ZoneStats
+from azprobe.controller.models import Model, load_model
 from azprobe.controller.safety import Controls, Decision, SafetyConfig, SafetyState, apply_safety
 
 

@@ -65,22 +65,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from azprobe.config import Section
-from azprobe.contracts.weights import MAX_INT, MAX_P95_MS, MAX_REASONS
+from azprobe.contracts.stats import ZoneStats
+from azprobe.contracts.weights import MAX_INT, MAX_P95_MS, MAX_REASONS, MAX_WEIGHT, MIN_WEIGHT, TOTAL_SHARE, ZoneWeights
 from azprobe.contracts.weights import MAX_STRING as MAX_REASON_CHARS
-from azprobe.controller.models import (
-    SHARE_TOTAL,
-    WEIGHT_MAX,
-    WEIGHT_MIN,
-    ZoneHealth,
-    ZoneStats,
-    decay_weight,
-    equal_shares,
-    fmt,
-    shares_from_weights,
-)
-
-ZONE_STATES = ("ok", "degraded", "stale", "panic", "frozen", "shifted")
-OVERALL_STATES = ("ok", "degraded", "panic", "frozen", "stale")
+from azprobe.controller.models import ZoneHealth, decay_weight, equal_shares, fmt, shares_from_weights
 
 
 @dataclass(frozen=True)
@@ -178,37 +166,9 @@ class SafetyState:
 
 
 @dataclass(frozen=True)
-class ZoneDecision:
-    weight: float
-    share: int
-    health: float
-    success: float | None
-    p95_ms: float | None
-    util: float | None
-    samples: int
-    state: str
-    reasons: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """One zone of the weights document (CONTRACTS.md)."""
-        return {
-            # rounded, but never below the contract's floor e^-2 (round() could cross it)
-            "weight": min(max(round(self.weight, 9), WEIGHT_MIN), WEIGHT_MAX),
-            "share": self.share,
-            "health": round(self.health, 6),
-            "success": None if self.success is None else round(self.success, 6),
-            "p95_ms": None if self.p95_ms is None else round(self.p95_ms, 3),
-            "util": None if self.util is None else round(self.util, 4),
-            "samples": self.samples,
-            "state": self.state,
-            "reasons": list(self.reasons),
-        }
-
-
-@dataclass(frozen=True)
 class Decision:
     state: str  # overall: ok | degraded | panic | frozen | stale
-    zones: Mapping[str, ZoneDecision]
+    zones: Mapping[str, ZoneWeights]  # the weights document's zones, built here
     safety_state: SafetyState
     changed: bool  # shares differ from the previous decision's
     reasons: tuple[str, ...] = ()
@@ -252,6 +212,21 @@ def _elapsed(start: float, now: float, period: float, cfg: SafetyConfig) -> bool
     return now - start >= period - cfg.timer_slack_s
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _zone_weights(z: "_Zone", share: int) -> ZoneWeights:
+    """One zone of the weights document, rounded to what a reader needs."""
+    s = z.stats
+    return ZoneWeights(
+        # rounded, but never below the contract's floor e^-2 (round() could cross it)
+        weight=_clip(round(_clip(z.weight, MIN_WEIGHT, MAX_WEIGHT), 9), MIN_WEIGHT, MAX_WEIGHT),
+        share=share, health=round(_clip(z.health, 0.0, 1.0), 6), success=_round(s.success, 6),
+        p95_ms=_round(s.p95_ms, 3), util=_round(s.util, 4), samples=s.samples, state=z.state,
+        reasons=tuple(r[:MAX_REASON_CHARS] for r in z.reasons[-MAX_REASONS:]))
+
+
 def _clean_stats(s: ZoneStats) -> ZoneStats:
     """Stats safe to publish: NaN/inf -> None, rates clipped, samples a non-negative int."""
     success = _finite(s.success)
@@ -286,7 +261,7 @@ def project_shares(target: Mapping[str, float], lo: Mapping[str, float], hi: Map
     a, b = -745.0, 709.0  # k from the smallest positive float to near the largest
     for _ in range(90):  # 1454 / 2^90: far below the rounding to whole points
         mid = (a + b) / 2
-        if total(mid) < SHARE_TOTAL:
+        if total(mid) < TOTAL_SHARE:
             a = mid
         else:
             b = mid
@@ -328,7 +303,7 @@ def _assess(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: Z
         assert verdict is not None and stats is not None and health is not None and raw is not None
         health = _clip(health, 0.0, 1.0)
         weight = _finite(verdict.weight)
-        weight = _clip(weight, WEIGHT_MIN, WEIGHT_MAX) if weight is not None else decay_weight(health)
+        weight = _clip(weight, MIN_WEIGHT, MAX_WEIGHT) if weight is not None else decay_weight(health)
         clean = _clean_stats(stats)
         reasons = list(verdict.reasons)
         recovering_since = None
@@ -405,24 +380,17 @@ def apply_safety(
     if not names:
         return Decision("stale", {}, replace(state, last_decision_at=now), False,
                         ("no AZ seen yet: nothing to publish",))
-    if len(names) > SHARE_TOTAL:
-        names = names[:SHARE_TOTAL]  # cannot give >100 zones >= 1 % each; keep a stable subset
+    if len(names) > TOTAL_SHARE:
+        names = names[:TOTAL_SHARE]  # cannot give >100 zones >= 1 % each; keep a stable subset
     zones = {az: _assess(az, stats.get(az), health.get(az), state.zones.get(az), now, cfg) for az in names}
     last = {az: state.shares[az] for az in names if az in state.shares}
-    have_last = set(last) == set(names) and sum(last.values()) == SHARE_TOTAL
+    have_last = set(last) == set(names) and sum(last.values()) == TOTAL_SHARE
     overall_reasons: list[str] = []
     fresh = [z for z in zones.values() if z.fresh]
 
     def finish(shares: Mapping[str, int], overall: str, converging: bool = False,
                panic: tuple[bool, float | None] = (state.panic, state.panic_clear_since)) -> Decision:
-        out: dict[str, ZoneDecision] = {}
-        for az in names:
-            z = zones[az]
-            s = z.stats
-            out[az] = ZoneDecision(weight=_clip(z.weight, WEIGHT_MIN, WEIGHT_MAX), share=int(shares[az]),
-                                   health=_clip(z.health, 0.0, 1.0), success=s.success, p95_ms=s.p95_ms,
-                                   util=s.util, samples=s.samples, state=z.state,
-                                   reasons=tuple(r[:MAX_REASON_CHARS] for r in z.reasons[-MAX_REASONS:]))
+        out = {az: _zone_weights(zones[az], int(shares[az])) for az in names}
         memories = {}
         for az in names:
             z = zones[az]
@@ -528,8 +496,8 @@ def apply_safety(
     # Targets from the (adjusted) raw weights; shifted zones get nothing.
     raws = {az: (0.0 if z.floor else max(z.raw, 1e-300)) for az, z in zones.items()}
     total = math.fsum(raws.values())
-    target = {az: SHARE_TOTAL * r / total for az, r in raws.items()} if total > 0 else \
-        {az: SHARE_TOTAL / len(names) for az in names}
+    target = {az: TOTAL_SHARE * r / total for az, r in raws.items()} if total > 0 else \
+        {az: TOTAL_SHARE / len(names) for az in names}
 
     converging = False
     if not have_last:
@@ -545,7 +513,7 @@ def apply_safety(
         pinned = {az: float(last[az]) for az in draining if not zones[az].floor and target[az] > last[az]}
         others = math.fsum(target[az] for az in names if az not in pinned)
         if pinned and others > 0:
-            rest = (SHARE_TOTAL - math.fsum(pinned.values())) / others
+            rest = (TOTAL_SHARE - math.fsum(pinned.values())) / others
             target = {az: pinned[az] if az in pinned else target[az] * rest for az in names}
             for az in pinned:
                 zones[az].reasons.append("still degraded: share not raised until it recovers")
@@ -556,13 +524,13 @@ def apply_safety(
             overall_reasons.append(f"every move < hysteresis {cfg.hysteresis_points:g} points: shares held")
             shares = dict(last)
         else:
-            fair = SHARE_TOTAL / len(names)
+            fair = TOTAL_SHARE / len(names)
             lo: dict[str, float] = {}
             hi: dict[str, float] = {}
             for az, z in zones.items():
                 prev = float(last[az])
                 lo[az] = 0.0 if z.floor else prev if z.hold_share else max(prev - cfg.max_decrease_points, 0.0)
-                hi[az] = 0.0 if z.floor else float(SHARE_TOTAL)  # a floor of 0: rounding lifts it to 1 %
+                hi[az] = 0.0 if z.floor else float(TOTAL_SHARE)  # a floor of 0: rounding lifts it to 1 %
                 if az in draining:
                     # never more than its target (what it gives up goes to the others, never
                     # back to it) and never more than it had
@@ -586,13 +554,13 @@ def apply_safety(
                     z.reasons.append(f"recovering slowly: +{cfg.max_increase_points:g} points per cycle"
                                      + (f" (+{part:.1f} of the drained share)" if part >= 0.05 else "")
                                      + f" (target {target[az]:.1f})")
-            if math.fsum(hi.values()) < SHARE_TOTAL:
+            if math.fsum(hi.values()) < TOTAL_SHARE:
                 # Everyone left is recovering (e.g. an operator shift of the only big zone):
                 # the traffic has to go somewhere, so the recovery cap yields this cycle.
                 overall_reasons.append("recovery caps lifted: no zone at fair share can absorb the move")
-                hi = {az: hi[az] if zones[az].floor or az in draining else float(SHARE_TOTAL) for az in names}
-                if math.fsum(hi.values()) < SHARE_TOTAL:  # only draining zones left besides shifts
-                    hi = {az: 0.0 if zones[az].floor else float(SHARE_TOTAL) for az in names}
+                hi = {az: hi[az] if zones[az].floor or az in draining else float(TOTAL_SHARE) for az in names}
+                if math.fsum(hi.values()) < TOTAL_SHARE:  # only draining zones left besides shifts
+                    hi = {az: 0.0 if zones[az].floor else float(TOTAL_SHARE) for az in names}
             shares = shares_from_weights(project_shares(target, lo, hi))
             converging = shares != shares_from_weights(target)
     overall = "panic" if panic else _overall(zones)
