@@ -128,7 +128,7 @@ class ConsulSettings:
 
     @classmethod
     def from_section(cls, section: Section) -> "ConsulSettings":
-        """The [consul] table of a config file (CONTRACTS.md); empty values fall back to
+        """The [consul] table of a config file (docs/contracts.md "Controller config"); empty values fall back to
         the environment, then to the defaults. Unknown keys are rejected."""
         address = section.string("address", "")
         token_file = section.string("token_file", "")
@@ -272,17 +272,9 @@ def op_set(key: str, value: bytes | str, flags: int | None = None) -> dict:
     return {"KV": kv}
 
 
-def op_cas(key: str, value: bytes | str, index: int) -> dict:
-    return {"KV": {"Verb": "cas", "Key": key, "Value": _b64(value), "Index": index}}
-
-
 def op_check_session(key: str, session: str) -> dict:
     """Fencing: the txn rolls back unless `session` holds the lock on `key`."""
     return {"KV": {"Verb": "check-session", "Key": key, "Session": session}}
-
-
-def op_check_index(key: str, index: int) -> dict:
-    return {"KV": {"Verb": "check-index", "Key": key, "Index": index}}
 
 
 def op_get(key: str) -> dict:
@@ -426,10 +418,3 @@ class KeyWatch:
             if delivered is None or (state.value, state.entries) != (delivered.value, delivered.entries):
                 delivered = state
                 on_change(state)
-
-
-def watch_key(client: consul.Consul, key: str, on_change: Callable[[KeyState], None],
-              stop: threading.Event, **kwargs: Any) -> None:
-    """Convenience: KeyWatch(client, key, **kwargs).run(on_change, stop)."""
-    on_error = kwargs.pop("on_error", None)
-    KeyWatch(client, key, **kwargs).run(on_change, stop, on_error)

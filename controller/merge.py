@@ -12,7 +12,7 @@ Output (``MergedView``):
 - ``by_source[src][dst]``: the same, as seen from one source AZ (for weights/from/<src>).
 - ``util[az]``: weighted CPU+memory utilisation of the AZ's agents, None without agents.
 
-Definitions (DESIGN "Model input"):
+Definitions (docs/contracts.md "Model input"):
 - success = ok / (ok + refused + timeout); attempts still pending are not counted;
   None when nothing completed.
 - p95_ms = P95 of the merged smoothed-RTT histogram (ms); connect P95 on the Aggregate.

@@ -1,7 +1,7 @@
 """`azprobe model eval`: run a weight model on a stats file and print the weights.
 
 The operators' what-if ("what would the controller do with these numbers?") and the way
-tests drive the models. STATS.json is the DESIGN "Model input" document::
+tests drive the models. STATS.json is the model-input document (docs/contracts.md "Model input")::
 
     {"zones": {"az-a": {"success": 0.9992, "p95_ms": 12.3, "util": 0.4,
                         "syn_retrans_per_conn": 0.0, "rto_per_conn": 0.0, "samples": 5000}}}
@@ -46,7 +46,7 @@ def read_stats(path: str) -> dict:
     try:
         return parse_stats_document(doc)
     except StatsError as exc:
-        raise ConfigError(exc.field, exc.problem, "see DESIGN.md 'Model input'") from None
+        raise ConfigError(exc.field, exc.problem, "see docs/contracts.md 'Model input'") from None
 
 
 @click.group("model")
