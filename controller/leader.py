@@ -12,7 +12,7 @@ publish.py: every write checks this session in the same transaction.
 A crashed leader's session outlives it by up to 2 x TTL (Consul's rule), so standbys
 also probe the holder's advertised /healthz (LeaderProbe, below) and invalidate the
 session of a leader that stopped answering: fail-over then takes the lock-delay plus a
-few rounds, not 20 s more.
+few rounds, not 20 s more (docs/design.md "Failover").
 
 All methods are blocking (py-consul on requests); the controller calls them from a
 worker thread so a hung Consul never stalls the pull loop.

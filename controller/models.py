@@ -1,66 +1,21 @@
-"""Weight models: per-AZ evidence (`ZoneStats`) in, health / weight / share in.
+"""Weight models: per-AZ evidence (`ZoneStats`) in, health / weight / share out.
 
-A model turns each destination AZ's stats into a *health* H in [0, 1] and a *decay
-weight* ``exp(-2 * (1 - H))`` in [e^-2, 1] (the contract field ``weight``), plus a
-``share_raw`` the share computation normalises (``shares_from_weights``). Models are pure:
-same input, same output, no clock, no I/O.
+A model turns each destination AZ's stats into a *health* H in [0, 1] and the contract's
+*decay weight* ``exp(-2 * (1 - H))`` in [e^-2, 1], plus a ``share_raw`` that
+``shares_from_weights`` normalises into integer percents. Models are pure: same input,
+same output, no clock, no I/O. Missing inputs (None, NaN) are neutral: whether a zone has
+enough evidence is the safety rules' call, not the model's.
 
-Two models ship:
-
-``seed-v1`` -- the source documents' formula, exactly::
+``seed-v1``: the source documents' formula, exactly (share_raw = weight)::
 
     H = 0.40*S + 0.35*Lnorm + 0.25*(1-U),  Lnorm = clip((800 - P95_ms) / 750, 0, 1)
-    weight = exp(-2 * (1 - H)),  share_raw = weight
 
-``default`` -- the same shape (weighted health, exponential decay), tuned to do what the
-documents' example table shows, which seed-v1 cannot (12 ms and 42 ms both give Lnorm=1,
-and a zone at +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight)::
-
-    F      = (1 - S) + syn_cost * syn_retrans_per_conn + rto_cost * rto_per_conn
-             # a SYN retransmit costs the caller a whole initial RTO (1 s); an RTO stalls a
-             # stream: both are *partial* failures even when the connection succeeds.
-    Fpen   = clip((F - failure_tolerance) / failure_scale, 0, 1)
-             # steep: 5 % effective failures is already the worst score; the tolerance
-             # (0.1 %) ignores the background of refused/odd connects of healthy zones.
-    baseline = min(lowest P95 among the zones given, latency_baseline_max_ms)
-    excess = P95 - baseline
-    Lpen   = clip((excess - latency_tolerance_ms - latency_tolerance_frac*baseline)
-                  / latency_span_ms, 0, 1)
-             # latency judged against the healthy baseline, not an absolute 800 ms scale;
-             # a dead band (10 ms + 25 % of the baseline) keeps normal jitter at zero.
-    Upen   = clip((U - util_knee) / (1 - util_knee), 0, 1)
-             # utilisation only counts when a zone runs hot: 30 % vs 45 % CPU is not a
-             # reason to move traffic, 95 % is.
-    H      = 1 - (w_failure*Fpen + w_latency*Lpen + w_util*Upen)   (weights sum to 1)
-    weight = exp(-2 * (1 - H))                         in [e^-2, 1], as the contract says
-    share_raw = weight ** share_exponent               (default exponent 6)
-
-Why a separate share exponent: shares proportional to exp(-2(1-H)) can never go below
-an e^-2 (13.5 %) ratio to a healthy zone, so no decay weight alone can drain a zone to
-10 % of traffic among three. ``weight ** 6 = exp(-12 (1-H))`` keeps the decay shape and
-the contract range of ``weight`` while making the share mapping sharp enough: the
-documents' example (H difference ~0.14) gives 84/16, a +200 ms / 5 % loss zone gets ~0 %
-(floored at 1 %), while healthy jitter (H differences < 0.005) moves shares < 3 points.
-
-Why the baseline is capped (``latency_baseline_max_ms``, default 50 ms): a baseline that
-is only "the best zone now" follows every zone up when they all slow down together. In
-the all-zones drill (+200 ms and 5 % loss everywhere) latency stopped counting at all
-("p95 204 ms vs baseline 204 ms -> penalty 0.00"), health rode on the noisy loss alone,
-and a zone whose loss read low for one cycle scored 1.000 -- which ended panic and let a
-drain begin. An intra-region service's healthy P95 is a few ms to a few tens of ms, so a
-best zone slower than 50 ms is itself sick; judged against 50 ms, uniform +200 ms costs
-every zone ~0.19 of health (degraded below 0.90) whatever the loss reads. A remembered,
-slow-moving baseline was the alternative; it was not chosen because it needs state in a
-pure model, starts empty on a fresh leader (which may start mid-incident and learn the
-sick level as normal), and still drifts up during a long enough incident. The cap is one
-stateless number an operator can reason about. A service whose healthy P95 is higher
-(cross-region, slow backends) raises it; a huge value gives the purely relative baseline.
-With the defaults, uniform slowness alone degrades every zone from a P95 of about 140 ms;
-below that it counts together with failures.
-
-Every coefficient of the default model is a key of the ``[model.default]`` config table.
-Missing inputs (None, NaN) are neutral -- they never drain a zone: whether a zone has
-enough evidence at all is the safety rules' call (``ZoneStats.samples``), not the model's.
+``default``: failures (SYN retransmits and RTOs as partial failures), latency against the
+best zone's P95 capped at ``latency_baseline_max_ms``, utilisation above a knee; every
+coefficient a key of ``[model.default]``; share_raw = weight ** share_exponent (6).
+The formula and its calibration, why the baseline is capped and why shares use weight^6:
+docs/design.md, sections "The model and its calibration", "The latency baseline cap"
+and "The share exponent".
 """
 
 from __future__ import annotations
@@ -117,7 +72,7 @@ def decay_weight(health: float) -> float:
 
 
 class SeedV1Model:
-    """The documents' formula, exactly (see module docstring). Missing S/P95/U are neutral."""
+    """The documents' formula, exactly (module docstring). Missing S/P95/U are neutral."""
 
     name = "seed-v1"
     # Utilisation alone costs up to 0.25 of H here (a healthy zone at U=0.4 scores 0.90),
@@ -168,7 +123,7 @@ class DefaultModelConfig:
     latency_tolerance_ms: float = 10.0
     latency_tolerance_frac: float = 0.25
     latency_span_ms: float = 200.0
-    latency_baseline_max_ms: float = 50.0  # the baseline never exceeds this (module docstring)
+    latency_baseline_max_ms: float = 50.0  # the baseline never exceeds this (docs/design.md)
     util_knee: float = 0.70
     share_exponent: float = 6.0
     degraded_below: float = 0.90  # health under this is "degraded" for the safety rules
@@ -197,7 +152,17 @@ class DefaultModelConfig:
 
 
 class DefaultModel:
-    """Health relative to the healthy baseline, steep failure penalty (module docstring)."""
+    """Health relative to the healthy baseline, steep failure penalty::
+
+        F    = (1 - S) + syn_cost * syn_retrans_per_conn + rto_cost * rto_per_conn
+        Fpen = clip((F - failure_tolerance) / failure_scale)
+        Lpen = clip((P95 - baseline - latency_tolerance_ms - latency_tolerance_frac * baseline)
+                    / latency_span_ms),  baseline = min(best P95, latency_baseline_max_ms)
+        Upen = clip((U - util_knee) / (1 - util_knee))
+        H    = 1 - (w_failure * Fpen + w_latency * Lpen + w_util * Upen)
+
+    Why each term: docs/design.md "The model and its calibration".
+    """
 
     name = "default"
 

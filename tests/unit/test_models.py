@@ -60,7 +60,8 @@ def test_seed_v1_lnorm_saturates_inside_a_region():
 
 
 def test_seed_v1_keeps_most_weight_on_a_sick_zone():
-    # docs/design.md "The model": +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight under seed-v1.
+    # +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight under seed-v1
+    # (docs/design.md "The model and its calibration").
     out = SeedV1Model().evaluate({"ok": ZoneStats(1.0, 12.0, 0.4), "sick": ZoneStats(0.95, 212.0, 0.4)})
     ratio = out["sick"].weight / out["ok"].weight
     assert 0.80 < ratio < 0.90
