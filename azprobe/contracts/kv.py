@@ -8,6 +8,7 @@ puts the prefix in front::
     <prefix>weights/from/<src>   the weights document as seen from source AZ <src>
     <prefix>control/freeze       operator switch: hold the current weights
     <prefix>control/shift/<az>   operator switch: drain <az> until an expiry
+    <prefix>doctor/<host>        `azprobe doctor`'s write/read/delete probe
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ WEIGHTS_FROM = "weights/from/"
 CONTROL = "control/"
 FREEZE = CONTROL + "freeze"
 SHIFT = CONTROL + "shift/"
+DOCTOR = "doctor/"
 MAX_AZ_NAME = 256
 
 
@@ -41,6 +43,11 @@ def shift_name(az: str) -> str:
     if not is_az_name(az):
         raise ValueError(f"{az!r} is not an AZ name")
     return SHIFT + az
+
+
+def doctor_name(host: str) -> str:
+    """The key `azprobe doctor` writes, reads back and deletes to check the token."""
+    return DOCTOR + host.replace("/", "_")
 
 
 def control_switch(name: str) -> tuple[str, str | None] | None:

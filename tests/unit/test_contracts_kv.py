@@ -13,6 +13,8 @@ def test_layout_under_the_prefix() -> None:
     assert settings.key(kv.weights_name("az-a")) == "azprobe/v1/weights/from/az-a"
     assert settings.key(kv.FREEZE) == "azprobe/v1/control/freeze"
     assert settings.key(kv.shift_name("az-b")) == "azprobe/v1/control/shift/az-b"
+    assert settings.key(kv.doctor_name("host-1")) == "azprobe/v1/doctor/host-1"
+    assert kv.doctor_name("a/b") == "doctor/a_b"  # one path segment, whatever the host name
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", "x" * 257])
