@@ -177,7 +177,7 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _zone_weights(z: "_Zone", share: int) -> ZoneWeights:
+def _zone_weights(z: WorkingZone, share: int) -> ZoneWeights:
     """One zone of the weights document, rounded to what a reader needs."""
     s = z.stats
     return ZoneWeights(
@@ -234,8 +234,8 @@ def project_shares(target: Mapping[str, float], lo: Mapping[str, float], hi: Map
 
 
 @dataclass
-class _Zone:
-    """Working view of one zone during a cycle."""
+class WorkingZone:
+    """One zone during a cycle: rule 1's verdict, which the later rules adjust."""
 
     name: str
     memory: ZoneMemory
@@ -265,12 +265,12 @@ class Cycle:
     controls: Controls
     spikes: Mapping[str, bool]
     names: list[str]  # the zones in play (rule 0), sorted
-    zones: dict[str, _Zone] = field(default_factory=dict)  # rule 1's verdicts, adjusted by the rules after it
+    zones: dict[str, WorkingZone] = field(default_factory=dict)  # rule 1's verdicts, adjusted by the rules after it
     last: dict[str, int] = field(default_factory=dict)  # the previous shares of the zones in play
     reasons: list[str] = field(default_factory=list)  # the document's overall reasons
     shifted: list[str] = field(default_factory=list)  # zones an operator shift drains (rule 3)
     draining: set[str] = field(default_factory=set)  # shifted zones and the degraded zones allowed to drain
-    drain_slots: list[_Zone] = field(default_factory=list)  # the degraded zones rule 6 lets drain
+    drain_slots: list[WorkingZone] = field(default_factory=list)  # the degraded zones rule 6 lets drain
     panic: bool = False
     panic_clear_since: float | None = None
     shares: dict[str, int] | None = None
@@ -278,7 +278,7 @@ class Cycle:
     converging: bool = False
 
     @property
-    def fresh(self) -> list[_Zone]:
+    def fresh(self) -> list[WorkingZone]:
         return [z for z in self.zones.values() if z.fresh]
 
     @property
@@ -346,7 +346,7 @@ def zones_in_play(stats: Mapping[str, ZoneStats], state: SafetyState, now: float
 
 
 def assess_evidence(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: ZoneMemory | None,
-                    now: float, cfg: SafetyConfig) -> _Zone:
+                    now: float, cfg: SafetyConfig) -> WorkingZone:
     """Rule 1: fresh evidence, last-known-good, or neutral (missing data never drains);
     plus the degraded band and the recovery dwell."""
     mem = mem or ZoneMemory(first_seen=now)
@@ -359,7 +359,7 @@ def assess_evidence(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None
 
 
 def _fresh_verdict(az: str, stats: ZoneStats, verdict: ZoneHealth, health: float, raw: float, mem: ZoneMemory,
-                   now: float, cfg: SafetyConfig) -> _Zone:
+                   now: float, cfg: SafetyConfig) -> WorkingZone:
     """The model's verdict, with the degraded band: degraded below degraded_below, ok
     again only above degraded_below + recovery_band for recover_dwell_s."""
     health = _clip(health, 0.0, 1.0)
@@ -392,10 +392,10 @@ def _fresh_verdict(az: str, stats: ZoneStats, verdict: ZoneHealth, health: float
     memory = ZoneMemory(first_seen=mem.first_seen, last_good_at=now, last_seen=now, health=health, weight=weight,
                         share_raw=raw, stats=clean, degraded=degraded, degraded_since=since,
                         state="degraded" if degraded else "ok", recovering_since=recovering_since)
-    return _Zone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
+    return WorkingZone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
 
 
-def _without_evidence(az: str, stats: ZoneStats | None, mem: ZoneMemory, now: float, cfg: SafetyConfig) -> _Zone:
+def _without_evidence(az: str, stats: ZoneStats | None, mem: ZoneMemory, now: float, cfg: SafetyConfig) -> WorkingZone:
     """Last-known-good up to equal_after_s (stale after stale_after_s), then neutral."""
     last_seen = now if stats is not None else mem.last_seen
     samples = stats.samples if stats is not None and isinstance(stats.samples, int) else 0
@@ -409,14 +409,14 @@ def _without_evidence(az: str, stats: ZoneStats | None, mem: ZoneMemory, now: fl
             if state == "stale":
                 reasons.append(f"evidence older than stale_after_s {cfg.stale_after_s:g} s: stale")
             memory = replace(mem, state=state, last_seen=last_seen)
-            return _Zone(az, memory, False, mem.share_raw, mem.health, mem.weight, mem.stats,
+            return WorkingZone(az, memory, False, mem.share_raw, mem.health, mem.weight, mem.stats,
                          mem.degraded, state, reasons)
         reasons = [f"{why}: last evidence {fmt(age)} s ago > equal_after_s {cfg.equal_after_s:g} s: treated as healthy"]
     else:
         reasons = [f"{why}: no evidence yet, treated as healthy (never drain on missing data)"]
     memory = replace(mem, degraded=False, degraded_since=None, recovering_since=None, state="stale", share_raw=1.0,
                      last_seen=last_seen)
-    return _Zone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
+    return WorkingZone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
 
 
 def operator_freeze(c: Cycle) -> None:
@@ -671,7 +671,7 @@ def shifted_changed(shifted: list[str], last: Mapping[str, int]) -> bool:
     return any(last.get(az, 1) > 1 for az in shifted)
 
 
-def _overall(zones: Mapping[str, _Zone]) -> str:
+def _overall(zones: Mapping[str, WorkingZone]) -> str:
     states = {z.state for z in zones.values()}
     if states == {"stale"}:
         return "stale"
