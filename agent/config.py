@@ -1,4 +1,4 @@
-"""The agent's TOML config (notes/CONTRACTS.md "Agent config"), parsed strictly."""
+"""The agent's TOML config (docs/contracts.md "Agent config"), parsed strictly."""
 
 from __future__ import annotations
 

@@ -38,12 +38,13 @@ import consul.base
 import requests
 
 from azprobe.config import Section
+from azprobe.contracts import kv
 from azprobe.errors import AzprobeError, ConfigError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8500"
-DEFAULT_PREFIX = "azprobe/v1/"
+DEFAULT_PREFIX = kv.DEFAULT_PREFIX
 MAX_TXN_OPS = 128  # Consul's limit per transaction
 ADDRESS_HELP = "pass --consul URL or set CONSUL_HTTP_ADDR"
 TOKEN_HELP = "set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or consul.token_file"
@@ -127,7 +128,7 @@ class ConsulSettings:
 
     @classmethod
     def from_section(cls, section: Section) -> "ConsulSettings":
-        """The [consul] table of a config file (CONTRACTS.md); empty values fall back to
+        """The [consul] table of a config file (docs/contracts.md "Controller config"); empty values fall back to
         the environment, then to the defaults. Unknown keys are rejected."""
         address = section.string("address", "")
         token_file = section.string("token_file", "")
@@ -271,17 +272,9 @@ def op_set(key: str, value: bytes | str, flags: int | None = None) -> dict:
     return {"KV": kv}
 
 
-def op_cas(key: str, value: bytes | str, index: int) -> dict:
-    return {"KV": {"Verb": "cas", "Key": key, "Value": _b64(value), "Index": index}}
-
-
 def op_check_session(key: str, session: str) -> dict:
     """Fencing: the txn rolls back unless `session` holds the lock on `key`."""
     return {"KV": {"Verb": "check-session", "Key": key, "Session": session}}
-
-
-def op_check_index(key: str, index: int) -> dict:
-    return {"KV": {"Verb": "check-index", "Key": key, "Index": index}}
 
 
 def op_get(key: str) -> dict:
@@ -425,10 +418,3 @@ class KeyWatch:
             if delivered is None or (state.value, state.entries) != (delivered.value, delivered.entries):
                 delivered = state
                 on_change(state)
-
-
-def watch_key(client: consul.Consul, key: str, on_change: Callable[[KeyState], None],
-              stop: threading.Event, **kwargs: Any) -> None:
-    """Convenience: KeyWatch(client, key, **kwargs).run(on_change, stop)."""
-    on_error = kwargs.pop("on_error", None)
-    KeyWatch(client, key, **kwargs).run(on_change, stop, on_error)

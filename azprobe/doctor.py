@@ -229,9 +229,10 @@ def consul_checks(settings: Any) -> Iterator[Check]:
 
 def acl_checks(settings: Any) -> Iterator[Check]:
     from azprobe import consul as kv
+    from azprobe.contracts.kv import doctor_name
 
     client = kv.make_client(settings)
-    key = settings.key(f"doctor/{socket.gethostname()}")
+    key = settings.key(doctor_name(socket.gethostname()))
     nonce = uuid.uuid4().hex
     fix = ACL_FIX.format(prefix=settings.prefix)
     try:

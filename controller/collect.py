@@ -1,6 +1,6 @@
 """Pull windows from every agent, once per cycle, without double counting anything.
 
-Each agent serves `GET <base>/v1/windows?after=SEQ` (CONTRACTS.md). Per agent we keep a
+Each agent serves `GET <base>/v1/windows?after=SEQ` (docs/contracts.md "Window document"). Per agent we keep a
 cursor (boot_id, last seq): a new boot_id means the agent restarted, so its old cursor
 means nothing and we re-read the new boot from seq 0; a jump past last seq + 1 means the
 agent's ring dropped windows we never saw (a gap: counted, and we take what is there);

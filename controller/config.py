@@ -1,4 +1,4 @@
-"""The controller's TOML config (CONTRACTS.md "Controller config").
+"""The controller's TOML config (docs/contracts.md "Controller config").
 
 Every table is read through azprobe.config.Section and closed with reject_unknown, so a
 typo is `azprobe: safety.stale_aftr_s: unknown key (...)` and exit 2, never a setting

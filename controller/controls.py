@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from azprobe.contracts import kv
 from azprobe.controller.safety import Controls
 
 
@@ -53,16 +54,17 @@ def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now
     problems: list[str] = []
     for key, raw in sorted(entries.items()):
         name = key[len(control_prefix):] if key.startswith(control_prefix) else key
+        switch = kv.control_switch(kv.CONTROL + name) if name else None
         value = _decode(raw)
-        if name == "freeze":
+        if switch is not None and switch[0] == "freeze":
             until = _until(value.get("until")) if isinstance(value, dict) else None
             if until is not None and until <= now:
                 continue
             frozen = True
             reason = value.get("reason") if isinstance(value, dict) else value
             freeze_reason = str(reason)[:200] if reason else "operator freeze"
-        elif name.startswith("shift/") and len(name) > len("shift/"):
-            az = name[len("shift/"):]
+        elif switch is not None and switch[1] is not None:
+            az = switch[1]
             until = _until(value.get("until")) if isinstance(value, dict) else _until(value)
             if until is None:
                 problems.append(f"{key}: ignored, needs {{\"until\": <unix seconds>}}")

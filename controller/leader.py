@@ -12,7 +12,7 @@ publish.py: every write checks this session in the same transaction.
 A crashed leader's session outlives it by up to 2 x TTL (Consul's rule), so standbys
 also probe the holder's advertised /healthz (LeaderProbe, below) and invalidate the
 session of a leader that stopped answering: fail-over then takes the lock-delay plus a
-few rounds, not 20 s more.
+few rounds, not 20 s more (docs/design.md "Failover").
 
 All methods are blocking (py-consul on requests); the controller calls them from a
 worker thread so a hung Consul never stalls the pull loop.
@@ -31,6 +31,7 @@ from typing import Any
 import consul
 
 from azprobe.consul import ConsulError, ConsulSettings, translate_error
+from azprobe.contracts import kv
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class LeaderElection:
                  ttl_s: float = 10.0, lock_delay_s: float = 15.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
-        self.key = settings.key("leader")
+        self.key = settings.key(kv.LEADER)
         self.name = name
         self.address = address
         self.ttl_s = ttl_s

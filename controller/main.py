@@ -28,7 +28,8 @@ import click
 
 from azprobe import sdnotify
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
-from azprobe.contracts.weights import WeightsError, ZoneWeights
+from azprobe.contracts import kv
+from azprobe.contracts.weights import WeightsError
 from azprobe.controller.agent_http import raise_file_limit
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
 from azprobe.controller.config import ControllerConfig, load_config, load_model_from
@@ -109,22 +110,21 @@ class Controller:
             inputs.setdefault(name, {})
         views: dict[str, WeightsView] = {}
         for name, zones in inputs.items():
-            decision = self.policy.decide(zones, now=now, state=self.safety_states.get(name, SafetyState()),
-                                          controls=controls, spikes=spike_flags)
-            self.safety_states[name] = decision.safety_state
-            if not decision.publishable:
-                continue
-            if name == GLOBAL_VIEW:
-                self._log_state_changes(decision)
             try:
-                zones_out = {az: ZoneWeights(**z.to_json()) for az, z in decision.zones.items()}
+                decision = self.policy.decide(zones, now=now, state=self.safety_states.get(name, SafetyState()),
+                                              controls=controls, spikes=spike_flags)
             except WeightsError as exc:  # a bug upstream: never publish it, say so once
                 self.publisher.counters.invalid_docs += 1
                 if not self._warned_invalid:
                     log.error("view %r is not a valid weights document, not publishing it: %s", name or "global", exc)
                     self._warned_invalid = True
                 continue
-            views[name] = WeightsView(state=decision.state, source_az=name or None, zones=zones_out)
+            self.safety_states[name] = decision.safety_state
+            if not decision.publishable:
+                continue
+            if name == GLOBAL_VIEW:
+                self._log_state_changes(decision)
+            views[name] = WeightsView(state=decision.state, source_az=name or None, zones=decision.zones)
         return views
 
     def _log_state_changes(self, decision: Decision) -> None:
@@ -220,7 +220,7 @@ class Controller:
         self.metrics.leader.set(1.0 if self.election.is_leader else 0.0)
 
     def _read_controls(self) -> None:
-        prefix = self.consul_settings.key("control/")
+        prefix = self.consul_settings.key(kv.CONTROL)
         state = read_key(self.client, prefix, recurse=True)
         self.operator = parse_controls(state.entries or {}, prefix, self.wall())
         if self.operator.problems != self._logged_problems:

@@ -12,7 +12,7 @@ Output (``MergedView``):
 - ``by_source[src][dst]``: the same, as seen from one source AZ (for weights/from/<src>).
 - ``util[az]``: weighted CPU+memory utilisation of the AZ's agents, None without agents.
 
-Definitions (DESIGN "Model input"):
+Definitions (docs/contracts.md "Model input"):
 - success = ok / (ok + refused + timeout); attempts still pending are not counted;
   None when nothing completed.
 - p95_ms = P95 of the merged smoothed-RTT histogram (ms); connect P95 on the Aggregate.
@@ -33,10 +33,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.window import OTHER_AZ, TcpCounters, Window
-from azprobe.controller.models import ZoneStats
 
-__all__ = ["Aggregate", "MergedView", "UtilWeights", "ZoneStats", "merge_windows", "failures_by_zone"]
+__all__ = ["Aggregate", "MergedView", "UtilWeights", "merge_windows", "failures_by_zone"]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`azprobe model eval`: run a weight model on a stats file and print the weights.
 
 The operators' what-if ("what would the controller do with these numbers?") and the way
-tests drive the models. STATS.json is the DESIGN "Model input" document::
+tests drive the models. STATS.json is the model-input document (docs/contracts.md "Model input")::
 
     {"zones": {"az-a": {"success": 0.9992, "p95_ms": 12.3, "util": 0.4,
                         "syn_retrans_per_conn": 0.0, "rto_per_conn": 0.0, "samples": 5000}}}
@@ -22,7 +22,9 @@ import click
 
 from azprobe.config import Section, load_toml
 from azprobe.errors import ConfigError
-from azprobe.controller.models import WEIGHT_MAX, WEIGHT_MIN, StatsError, parse_stats_document, shares_from_weights
+from azprobe.contracts.stats import StatsError, parse_stats_document
+from azprobe.contracts.weights import MAX_WEIGHT, MIN_WEIGHT
+from azprobe.controller.models import shares_from_weights
 from azprobe.controller.policy import Policy, zones_json
 from azprobe.controller.safety import SafetyState
 
@@ -44,7 +46,7 @@ def read_stats(path: str) -> dict:
     try:
         return parse_stats_document(doc)
     except StatsError as exc:
-        raise ConfigError(exc.field, exc.problem, "see DESIGN.md 'Model input'") from None
+        raise ConfigError(exc.field, exc.problem, "see docs/contracts.md 'Model input'") from None
 
 
 @click.group("model")
@@ -82,7 +84,7 @@ def eval_command(model_name: str | None, config_path: str | None, safety: bool, 
             v, z = verdicts[az], zones[az]
             state = "ok" if v.health >= threshold else "degraded"
             out_zones[az] = {
-                "weight": min(max(round(v.weight, 9), WEIGHT_MIN), WEIGHT_MAX),
+                "weight": min(max(round(v.weight, 9), MIN_WEIGHT), MAX_WEIGHT),
                 "share": shares[az], "health": round(v.health, 6),
                 "success": z.success, "p95_ms": z.p95_ms, "util": z.util, "samples": z.samples,
                 "state": state,

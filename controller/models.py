@@ -1,66 +1,21 @@
-"""Weight models: per-AZ evidence (`ZoneStats`) in, health / weight / share in.
+"""Weight models: per-AZ evidence (`ZoneStats`) in, health / weight / share out.
 
-A model turns each destination AZ's stats into a *health* H in [0, 1] and a *decay
-weight* ``exp(-2 * (1 - H))`` in [e^-2, 1] (the contract field ``weight``), plus a
-``share_raw`` the share computation normalises (``shares_from_weights``). Models are pure:
-same input, same output, no clock, no I/O.
+A model turns each destination AZ's stats into a *health* H in [0, 1] and the contract's
+*decay weight* ``exp(-2 * (1 - H))`` in [e^-2, 1], plus a ``share_raw`` that
+``shares_from_weights`` normalises into integer percents. Models are pure: same input,
+same output, no clock, no I/O. Missing inputs (None, NaN) are neutral: whether a zone has
+enough evidence is the safety rules' call, not the model's.
 
-Two models ship:
-
-``seed-v1`` -- the source documents' formula, exactly::
+``seed-v1``: the source documents' formula, exactly (share_raw = weight)::
 
     H = 0.40*S + 0.35*Lnorm + 0.25*(1-U),  Lnorm = clip((800 - P95_ms) / 750, 0, 1)
-    weight = exp(-2 * (1 - H)),  share_raw = weight
 
-``default`` -- the same shape (weighted health, exponential decay), tuned to do what the
-documents' example table shows, which seed-v1 cannot (12 ms and 42 ms both give Lnorm=1,
-and a zone at +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight)::
-
-    F      = (1 - S) + syn_cost * syn_retrans_per_conn + rto_cost * rto_per_conn
-             # a SYN retransmit costs the caller a whole initial RTO (1 s); an RTO stalls a
-             # stream: both are *partial* failures even when the connection succeeds.
-    Fpen   = clip((F - failure_tolerance) / failure_scale, 0, 1)
-             # steep: 5 % effective failures is already the worst score; the tolerance
-             # (0.1 %) ignores the background of refused/odd connects of healthy zones.
-    baseline = min(lowest P95 among the zones given, latency_baseline_max_ms)
-    excess = P95 - baseline
-    Lpen   = clip((excess - latency_tolerance_ms - latency_tolerance_frac*baseline)
-                  / latency_span_ms, 0, 1)
-             # latency judged against the healthy baseline, not an absolute 800 ms scale;
-             # a dead band (10 ms + 25 % of the baseline) keeps normal jitter at zero.
-    Upen   = clip((U - util_knee) / (1 - util_knee), 0, 1)
-             # utilisation only counts when a zone runs hot: 30 % vs 45 % CPU is not a
-             # reason to move traffic, 95 % is.
-    H      = 1 - (w_failure*Fpen + w_latency*Lpen + w_util*Upen)   (weights sum to 1)
-    weight = exp(-2 * (1 - H))                         in [e^-2, 1], as the contract says
-    share_raw = weight ** share_exponent               (default exponent 6)
-
-Why a separate share exponent: shares proportional to exp(-2(1-H)) can never go below
-an e^-2 (13.5 %) ratio to a healthy zone, so no decay weight alone can drain a zone to
-10 % of traffic among three. ``weight ** 6 = exp(-12 (1-H))`` keeps the decay shape and
-the contract range of ``weight`` while making the share mapping sharp enough: the
-documents' example (H difference ~0.14) gives 84/16, a +200 ms / 5 % loss zone gets ~0 %
-(floored at 1 %), while healthy jitter (H differences < 0.005) moves shares < 3 points.
-
-Why the baseline is capped (``latency_baseline_max_ms``, default 50 ms): a baseline that
-is only "the best zone now" follows every zone up when they all slow down together. In
-the all-zones drill (+200 ms and 5 % loss everywhere) latency stopped counting at all
-("p95 204 ms vs baseline 204 ms -> penalty 0.00"), health rode on the noisy loss alone,
-and a zone whose loss read low for one cycle scored 1.000 -- which ended panic and let a
-drain begin. An intra-region service's healthy P95 is a few ms to a few tens of ms, so a
-best zone slower than 50 ms is itself sick; judged against 50 ms, uniform +200 ms costs
-every zone ~0.19 of health (degraded below 0.90) whatever the loss reads. A remembered,
-slow-moving baseline was the alternative; it was not chosen because it needs state in a
-pure model, starts empty on a fresh leader (which may start mid-incident and learn the
-sick level as normal), and still drifts up during a long enough incident. The cap is one
-stateless number an operator can reason about. A service whose healthy P95 is higher
-(cross-region, slow backends) raises it; a huge value gives the purely relative baseline.
-With the defaults, uniform slowness alone degrades every zone from a P95 of about 140 ms;
-below that it counts together with failures.
-
-Every coefficient of the default model is a key of the ``[model.default]`` config table.
-Missing inputs (None, NaN) are neutral -- they never drain a zone: whether a zone has
-enough evidence at all is the safety rules' call (``ZoneStats.samples``), not the model's.
+``default``: failures (SYN retransmits and RTOs as partial failures), latency against the
+best zone's P95 capped at ``latency_baseline_max_ms``, utilisation above a knee; every
+coefficient a key of ``[model.default]``; share_raw = weight ** share_exponent (6).
+The formula and its calibration, why the baseline is capped and why shares use weight^6:
+docs/design.md, sections "The model and its calibration", "The latency baseline cap"
+and "The share exponent".
 """
 
 from __future__ import annotations
@@ -68,103 +23,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Protocol
 
 from azprobe.config import Section
+from azprobe.contracts.stats import ZoneStats, finite
+from azprobe.contracts.weights import DECAY_RATE, MAX_WEIGHT, MIN_WEIGHT, TOTAL_SHARE
 from azprobe.errors import ConfigError
-
-WEIGHT_MIN = math.exp(-2.0)  # the contract's floor for `weight`
-WEIGHT_MAX = 1.0
-DECAY_RATE = 2.0  # weight = exp(-DECAY_RATE * (1 - H)): fixed by the weights contract
-SHARE_TOTAL = 100
-
-
-class StatsError(ValueError):
-    """A model-input document that breaks the contract; the message names the field."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"{field}: {problem}")
-
-
-# --------------------------------------------------------------------------- input
-
-
-@dataclass(frozen=True)
-class ZoneStats:
-    """Evidence about one destination AZ over the evaluation window (DESIGN "Model input").
-
-    success: connect success rate ok/(ok+refused+timeout), None when nothing completed.
-    p95_ms: P95 smoothed RTT from the merged histogram, None without RTT samples.
-    util: weighted CPU+memory utilisation of the AZ's nodes, None without agents there.
-    syn_retrans_per_conn / rto_per_conn: per connect attempt.
-    samples: completed connections + RTT samples (how much evidence this is).
-    """
-
-    success: float | None = None
-    p95_ms: float | None = None
-    util: float | None = None
-    syn_retrans_per_conn: float = 0.0
-    rto_per_conn: float = 0.0
-    samples: int = 0
-
-    def is_evidence(self, min_samples: int) -> bool:
-        """Enough samples, and at least one usable signal, to act on."""
-        if self.samples < min_samples:
-            return False
-        return _finite(self.success) is not None or _finite(self.p95_ms) is not None
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, doc: object, where: str = "zone") -> "ZoneStats":
-        """Validate one zone's stats; raises StatsError naming the field (e.g. zones.az-a.success)."""
-        if not isinstance(doc, Mapping):
-            raise StatsError(where, "expected an object")
-        known = {f.name for f in fields(cls)}
-        for key in doc:
-            if key not in known:
-                raise StatsError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
-
-        def number(key: str, lo: float, hi: float, optional: bool, default: float | None) -> float | None:
-            value = doc.get(key, default)
-            if value is None and optional:
-                return None
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise StatsError(f"{where}.{key}", f"expected a number, got {value!r:.40}")
-            value = float(value)
-            if not math.isfinite(value) or not lo <= value <= hi:
-                raise StatsError(f"{where}.{key}", f"{value} is outside {lo}..{hi}")
-            return value
-
-        samples = doc.get("samples", 0)
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise StatsError(f"{where}.samples", f"expected an integer >= 0, got {samples!r:.40}")
-        return cls(
-            success=number("success", 0.0, 1.0, True, None),
-            p95_ms=number("p95_ms", 0.0, 1e9, True, None),
-            util=number("util", 0.0, 1.0, True, None),
-            syn_retrans_per_conn=number("syn_retrans_per_conn", 0.0, 1e9, False, 0.0) or 0.0,
-            rto_per_conn=number("rto_per_conn", 0.0, 1e9, False, 0.0) or 0.0,
-            samples=samples,
-        )
-
-
-def parse_stats_document(doc: object) -> dict[str, ZoneStats]:
-    """``{"zones": {az: {...}}}`` -> {az: ZoneStats}; raises StatsError naming the field."""
-    if not isinstance(doc, Mapping):
-        raise StatsError("stats", "expected a JSON object with a 'zones' object")
-    zones = doc.get("zones")
-    if not isinstance(zones, Mapping) or not zones:
-        raise StatsError("zones", "expected a non-empty object of AZ name -> stats")
-    out: dict[str, ZoneStats] = {}
-    for az, zone in zones.items():
-        if not isinstance(az, str) or not az:
-            raise StatsError("zones", f"AZ name {az!r} must be a non-empty string")
-        out[az] = ZoneStats.from_json(zone, f"zones.{az}")
-    return out
 
 
 # -------------------------------------------------------------------------- output
@@ -189,17 +53,6 @@ class Model(Protocol):
         ...
 
 
-def _finite(value: float | None) -> float | None:
-    """None for None/NaN/inf: a broken input is a missing input, never a verdict."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def fmt(value: float, decimals: int = 1) -> str:
     """A number for a reason string: fixed point, or 3 significant digits when huge."""
     return f"{value:.{decimals}f}" if abs(value) < 1e6 else f"{value:.3g}"
@@ -211,15 +64,15 @@ def _clip(value: float, lo: float = 0.0, hi: float = 1.0) -> float:
 
 def decay_weight(health: float) -> float:
     """The contract's weight: exp(-2 (1 - H)), clamped into [e^-2, 1]."""
-    h = _clip(_finite(health) if _finite(health) is not None else 1.0)
-    return _clip(math.exp(-DECAY_RATE * (1.0 - h)), WEIGHT_MIN, WEIGHT_MAX)
+    h = _clip(finite(health) if finite(health) is not None else 1.0)
+    return _clip(math.exp(-DECAY_RATE * (1.0 - h)), MIN_WEIGHT, MAX_WEIGHT)
 
 
 # ------------------------------------------------------------------------- seed-v1
 
 
 class SeedV1Model:
-    """The documents' formula, exactly (see module docstring). Missing S/P95/U are neutral."""
+    """The documents' formula, exactly (module docstring). Missing S/P95/U are neutral."""
 
     name = "seed-v1"
     # Utilisation alone costs up to 0.25 of H here (a healthy zone at U=0.4 scores 0.90),
@@ -230,18 +83,18 @@ class SeedV1Model:
         out: dict[str, ZoneHealth] = {}
         for az, z in zones.items():
             reasons: list[str] = []
-            s = _finite(z.success)
+            s = finite(z.success)
             if s is None:
                 s = 1.0
                 reasons.append("success unknown: counted as 1.0")
             s = _clip(s)
-            p95 = _finite(z.p95_ms)
+            p95 = finite(z.p95_ms)
             if p95 is None:
                 lnorm = 1.0
                 reasons.append("p95 unknown: Lnorm 1.0")
             else:
                 lnorm = _clip((800.0 - p95) / 750.0)
-            u = _finite(z.util)
+            u = finite(z.util)
             if u is None:
                 u = 0.0
                 reasons.append("util unknown: counted as 0")
@@ -270,7 +123,7 @@ class DefaultModelConfig:
     latency_tolerance_ms: float = 10.0
     latency_tolerance_frac: float = 0.25
     latency_span_ms: float = 200.0
-    latency_baseline_max_ms: float = 50.0  # the baseline never exceeds this (module docstring)
+    latency_baseline_max_ms: float = 50.0  # the baseline never exceeds this (docs/design.md)
     util_knee: float = 0.70
     share_exponent: float = 6.0
     degraded_below: float = 0.90  # health under this is "degraded" for the safety rules
@@ -299,7 +152,17 @@ class DefaultModelConfig:
 
 
 class DefaultModel:
-    """Health relative to the healthy baseline, steep failure penalty (module docstring)."""
+    """Health relative to the healthy baseline, steep failure penalty::
+
+        F    = (1 - S) + syn_cost * syn_retrans_per_conn + rto_cost * rto_per_conn
+        Fpen = clip((F - failure_tolerance) / failure_scale)
+        Lpen = clip((P95 - baseline - latency_tolerance_ms - latency_tolerance_frac * baseline)
+                    / latency_span_ms),  baseline = min(best P95, latency_baseline_max_ms)
+        Upen = clip((U - util_knee) / (1 - util_knee))
+        H    = 1 - (w_failure * Fpen + w_latency * Lpen + w_util * Upen)
+
+    Why each term: docs/design.md "The model and its calibration".
+    """
 
     name = "default"
 
@@ -309,7 +172,7 @@ class DefaultModel:
 
     def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
         c = self.config
-        latencies = [p for p in (_finite(z.p95_ms) for z in zones.values()) if p is not None and p >= 0]
+        latencies = [p for p in (finite(z.p95_ms) for z in zones.values()) if p is not None and p >= 0]
         best = min(latencies) if latencies else None
         # capped: when every zone slows down together, the baseline must not follow them up
         baseline = None if best is None else min(best, c.latency_baseline_max_ms)
@@ -318,10 +181,10 @@ class DefaultModel:
         out: dict[str, ZoneHealth] = {}
         for az, z in zones.items():
             reasons: list[str] = []
-            s = _finite(z.success)
+            s = finite(z.success)
             fail = 0.0 if s is None else 1.0 - _clip(s)
-            syn = _clip(_finite(z.syn_retrans_per_conn) or 0.0, 0.0, 1e6)
-            rto = _clip(_finite(z.rto_per_conn) or 0.0, 0.0, 1e6)
+            syn = _clip(finite(z.syn_retrans_per_conn) or 0.0, 0.0, 1e6)
+            rto = _clip(finite(z.rto_per_conn) or 0.0, 0.0, 1e6)
             effective = fail + c.syn_cost * syn + c.rto_cost * rto
             fpen = _clip((effective - c.failure_tolerance) / c.failure_scale)
             if s is None:
@@ -331,7 +194,7 @@ class DefaultModel:
                 f" = effective {fmt(100 * effective, 2)}% -> penalty {fpen:.2f}"
             )
 
-            p95 = _finite(z.p95_ms)
+            p95 = finite(z.p95_ms)
             if p95 is None or baseline is None:
                 lpen = 0.0
                 reasons.append("p95 unknown: no latency penalty")
@@ -346,7 +209,7 @@ class DefaultModel:
                     f" -> penalty {lpen:.2f}"
                 )
 
-            u = _finite(z.util)
+            u = finite(z.util)
             if u is None:
                 upen = 0.0
             else:
@@ -391,9 +254,9 @@ def shares_from_weights(weights: Mapping[str, float]) -> dict[str, int]:
     names = sorted(weights)
     if not names:
         return {}
-    if len(names) > SHARE_TOTAL:
-        raise ValueError(f"{len(names)} zones cannot each get >= 1 of {SHARE_TOTAL}")
-    values = [_finite(weights[az]) for az in names]
+    if len(names) > TOTAL_SHARE:
+        raise ValueError(f"{len(names)} zones cannot each get >= 1 of {TOTAL_SHARE}")
+    values = [finite(weights[az]) for az in names]
     clean = [v if v is not None and v > 0 else 0.0 for v in values]
     peak = max(clean)
     if peak > 0:
@@ -401,9 +264,9 @@ def shares_from_weights(weights: Mapping[str, float]) -> dict[str, int]:
     total = math.fsum(clean)
     if not total > 0:
         clean, total = [1.0] * len(names), float(len(names))
-    exact = [SHARE_TOTAL * v / total for v in clean]
+    exact = [TOTAL_SHARE * v / total for v in clean]
     floors = [int(math.floor(x)) for x in exact]
-    left = SHARE_TOTAL - sum(floors)
+    left = TOTAL_SHARE - sum(floors)
     order = sorted(range(len(names)), key=lambda i: (-(exact[i] - floors[i]), names[i]))
     for i in order[:left]:
         floors[i] += 1

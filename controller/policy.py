@@ -2,11 +2,12 @@
 
     policy = Policy.from_config(model_section, safety_section)   # or Policy(model, SafetyConfig())
     state = SafetyState()
-    decision = policy.decide(view.zones, now=now, state=state, controls=..., spikes=...)
+    decision = policy.decide(merged.zones, now=now, state=state, controls=..., spikes=...)
     state = decision.safety_state            # keep for the next cycle
-    if decision.publishable: write decision.to_zones_json() ...
+    if decision.publishable:                 # decision.zones are the document's ZoneWeights
+        views[name] = WeightsView(state=decision.state, zones=decision.zones, source_az=...)
 
-The rules' timers (drain dwell, recovery dwell, panic exit; controller/safety.py) live in
+The rules' timers (drain dwell, recovery dwell, panic exit; azprobe.controller.safety) live in
 the SafetyState and are measured on `now`: pass the same clock (wall seconds) every cycle.
 
 Only zones with evidence (``ZoneStats.is_evidence(min_samples)``) reach the model, so a
@@ -21,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from azprobe.config import Section
-from azprobe.controller.models import Model, ZoneStats, load_model
+from azprobe.contracts.stats import ZoneStats
+from azprobe.controller.models import Model, load_model
 from azprobe.controller.safety import Controls, Decision, SafetyConfig, SafetyState, apply_safety
 
 

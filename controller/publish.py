@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import consul
 
 from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
+from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,10 @@ class Publisher:
 
     @property
     def weights_key(self) -> str:
-        return self.settings.key("weights")
+        return self.settings.key(kv.WEIGHTS)
 
     def view_key(self, view: str) -> str:
-        return self.weights_key if view == GLOBAL_VIEW else self.settings.key(f"weights/from/{view}")
+        return self.settings.key(kv.weights_name(None if view == GLOBAL_VIEW else view))
 
     def start_term(self) -> int:
         """On becoming leader: continue above the generation already in KV. Raises
@@ -157,7 +158,7 @@ class Publisher:
         # Consumed before sending: if the txn applied but its answer was lost, the next
         # write must still carry a higher generation.
         self.generation = generation
-        ops = [op_check_session(self.settings.key("leader"), session_id)]
+        ops = [op_check_session(self.settings.key(kv.LEADER), session_id)]
         ops += [op_set(self.view_key(name), doc.dumps()) for name, doc in docs.items()]
         try:
             txn(self.client, ops)

@@ -1,57 +1,18 @@
 """Safety rules between a model's verdict and the published shares (pure).
 
-The incident azprobe exists to prevent: a stale snapshot returned empty data, every zone
-looked dead, failures went from 0.2 % to 37 %. So the shares a model asks for pass
-through these rules, in this order, every cycle (``apply_safety``):
+Every cycle the model's verdicts pass through these rules, in this order
+(``apply_safety``; why each exists: docs/design.md "Safety rules"):
 
-0. **Zones**: every AZ in the input or remembered; one absent for ``forget_after_s``
-   (default 1 h) while other AZs do report is dropped (never all of them). Operator
-   controls (rules 3, 4) are applied before rule 2: an operator's hold or shift wins.
-1. **Evidence**: a zone counts as *fresh* only with ``samples >= min_samples`` and a
-   finite model health. A zone without fresh evidence keeps its last-known-good verdict;
-   after ``stale_after_s`` its state is ``stale``; after ``equal_after_s`` (or if it never
-   had evidence) it is treated as healthy (neutral weight -> equal share). Missing data
-   never drains a zone.
-2. **All stale**: no fresh zone at all -> hold the last shares exactly, then equal shares
-   once the newest evidence is older than ``equal_after_s``. Overall state ``stale``.
-3. **Operator freeze** (``control/freeze``): hold the last shares; state ``frozen``.
-4. **Operator shift** (``control/shift/<az>`` until an expiry): drain that AZ to the floor
-   (1 %) at once; state ``shifted``. Shifts use drain slots (rule 6).
-5. **Panic**: at least two fresh zones and every fresh zone degraded -> spread evenly,
-   at once; state ``panic`` on every zone (what Envoy's panic threshold does too: when
-   everything looks bad, the measurement is the likelier culprit). Panic has hysteresis:
-   it is entered at once but left only after the zones have been *out of* the panic
-   condition for ``panic_exit_s`` (default 10 s); back in the condition restarts that
-   timer. Why: in the all-zones drill (+200 ms, 5 % loss everywhere) one zone's noisy
-   loss read healthy for a single cycle, panic ended, and the one allowed drain took
-   another zone to 1-3 % -- the very incident this module exists to prevent. While
-   panic holds, every zone not shifted by an operator has an equal share.
-6. **Max drained zones**: at most ``max_drained_zones`` degraded zones drain at once,
-   the least healthy first; the others are held at the best healthy zone's weight.
-7. **Dwell**: a zone that just turned degraded keeps its share for ``drain_dwell_s``; a
-   spike from the detector (``spikes[az]``) skips the dwell. Every timer here (drain
-   dwell, recovery dwell, panic exit) counts as elapsed ``timer_slack_s`` (0.1 s) early:
-   cycles are an interval apart only give or take the pull time, and a 1 s dwell at a
-   1 s interval that read 0.998 s waited a whole extra cycle.
-8. **Anti-flap**: hysteresis -- nothing moves unless some share would move by at least
-   ``hysteresis_points`` (a capped move under way still finishes). Zone states use a band
-   *and* a dwell: degraded below ``degraded_below`` (by default the model's own
-   threshold); ok again only after the health has stayed at or above ``degraded_below +
-   recovery_band`` for ``recover_dwell_s`` (default 3 s) -- until then the zone keeps its
-   degraded verdict (weight and share), so a one-cycle blip in a sustained fault moves
-   nothing (a drill once saw share 1 -> 11 -> 4 from one good reading). A zone being
-   drained (degraded in a drain slot, or shifted) never gains share.
-   Drain fast, recover slowly: a zone *below its fair share* (100/n) whose target is
-   higher gains at most ``max_increase_points`` per cycle on its own recovery; any zone
-   loses at most ``max_decrease_points`` per cycle. What draining zones give up goes to
-   all the other zones in proportion to their targets (weights) -- a recovering zone gets
-   its part on top of its capped step, so two equally healthy zones split a drain evenly
-   and a drain never waits for a recovery cap (if only recovering zones are left to
-   absorb, the cap yields for that cycle). The capped move is the target scaled into
-   those bounds (``project_shares``: scaling keeps the free zones' ratios, so a share a
-   capped zone cannot take is spread by weight, never handed back to a draining zone),
-   and shares still sum to 100.
-9. **Output**: integer shares, each >= 1, summing to exactly 100; never empty, zero or NaN.
+0. zones in play: input or remembered, forgotten after ``forget_after_s`` of absence
+1. evidence: fresh, else last-known-good, else neutral; the degraded band and recovery dwell
+2. operator freeze (``control/freeze``): hold the last shares
+3. operator shift (``control/shift/<az>``): drain that AZ to the floor
+4. all stale: no fresh zone -> hold, then equal shares
+5. panic: every fresh zone degraded -> equal shares, left only after ``panic_exit_s``
+6. max drained zones: at most ``max_drained_zones`` drain, the least healthy first
+7. drain dwell: a fresh degradation waits ``drain_dwell_s`` (a spike skips it)
+8. anti-flap: hysteresis, a draining zone never gains, drain fast and recover slowly
+9. output: integer shares, each >= 1, summing to 100; never empty, zero or NaN
 
 The state carried between cycles is the immutable ``SafetyState`` returned inside every
 ``Decision``; pass it back in next cycle. Every zone carries human ``reasons``.
@@ -65,22 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from azprobe.config import Section
-from azprobe.contracts.weights import MAX_INT, MAX_P95_MS, MAX_REASONS
+from azprobe.contracts.stats import ZoneStats
+from azprobe.contracts.weights import MAX_INT, MAX_P95_MS, MAX_REASONS, MAX_WEIGHT, MIN_WEIGHT, TOTAL_SHARE, ZoneWeights
 from azprobe.contracts.weights import MAX_STRING as MAX_REASON_CHARS
-from azprobe.controller.models import (
-    SHARE_TOTAL,
-    WEIGHT_MAX,
-    WEIGHT_MIN,
-    ZoneHealth,
-    ZoneStats,
-    decay_weight,
-    equal_shares,
-    fmt,
-    shares_from_weights,
-)
-
-ZONE_STATES = ("ok", "degraded", "stale", "panic", "frozen", "shifted")
-OVERALL_STATES = ("ok", "degraded", "panic", "frozen", "stale")
+from azprobe.controller.models import ZoneHealth, decay_weight, equal_shares, fmt, shares_from_weights
 
 
 @dataclass(frozen=True)
@@ -178,37 +127,9 @@ class SafetyState:
 
 
 @dataclass(frozen=True)
-class ZoneDecision:
-    weight: float
-    share: int
-    health: float
-    success: float | None
-    p95_ms: float | None
-    util: float | None
-    samples: int
-    state: str
-    reasons: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """One zone of the weights document (CONTRACTS.md)."""
-        return {
-            # rounded, but never below the contract's floor e^-2 (round() could cross it)
-            "weight": min(max(round(self.weight, 9), WEIGHT_MIN), WEIGHT_MAX),
-            "share": self.share,
-            "health": round(self.health, 6),
-            "success": None if self.success is None else round(self.success, 6),
-            "p95_ms": None if self.p95_ms is None else round(self.p95_ms, 3),
-            "util": None if self.util is None else round(self.util, 4),
-            "samples": self.samples,
-            "state": self.state,
-            "reasons": list(self.reasons),
-        }
-
-
-@dataclass(frozen=True)
 class Decision:
     state: str  # overall: ok | degraded | panic | frozen | stale
-    zones: Mapping[str, ZoneDecision]
+    zones: Mapping[str, ZoneWeights]  # the weights document's zones, built here
     safety_state: SafetyState
     changed: bool  # shares differ from the previous decision's
     reasons: tuple[str, ...] = ()
@@ -252,6 +173,21 @@ def _elapsed(start: float, now: float, period: float, cfg: SafetyConfig) -> bool
     return now - start >= period - cfg.timer_slack_s
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _zone_weights(z: WorkingZone, share: int) -> ZoneWeights:
+    """One zone of the weights document, rounded to what a reader needs."""
+    s = z.stats
+    return ZoneWeights(
+        # rounded, but never below the contract's floor e^-2 (round() could cross it)
+        weight=_clip(round(_clip(z.weight, MIN_WEIGHT, MAX_WEIGHT), 9), MIN_WEIGHT, MAX_WEIGHT),
+        share=share, health=round(_clip(z.health, 0.0, 1.0), 6), success=_round(s.success, 6),
+        p95_ms=_round(s.p95_ms, 3), util=_round(s.util, 4), samples=s.samples, state=z.state,
+        reasons=tuple(r[:MAX_REASON_CHARS] for r in z.reasons[-MAX_REASONS:]))
+
+
 def _clean_stats(s: ZoneStats) -> ZoneStats:
     """Stats safe to publish: NaN/inf -> None, rates clipped, samples a non-negative int."""
     success = _finite(s.success)
@@ -286,7 +222,7 @@ def project_shares(target: Mapping[str, float], lo: Mapping[str, float], hi: Map
     a, b = -745.0, 709.0  # k from the smallest positive float to near the largest
     for _ in range(90):  # 1454 / 2^90: far below the rounding to whole points
         mid = (a + b) / 2
-        if total(mid) < SHARE_TOTAL:
+        if total(mid) < TOTAL_SHARE:
             a = mid
         else:
             b = mid
@@ -294,12 +230,12 @@ def project_shares(target: Mapping[str, float], lo: Mapping[str, float], hi: Map
     return {n: _clip(target[n] * k, lo[n], hi[n]) for n in names}
 
 
-# ---------------------------------------------------------------------- the rules
+# ---------------------------------------------------------------------- one cycle
 
 
 @dataclass
-class _Zone:
-    """Working view of one zone during a cycle."""
+class WorkingZone:
+    """One zone during a cycle: rule 1's verdict, which the later rules adjust."""
 
     name: str
     memory: ZoneMemory
@@ -315,69 +251,43 @@ class _Zone:
     floor: bool = False  # operator shift: drain to the floor at once
 
 
-def _assess(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: ZoneMemory | None,
-            now: float, cfg: SafetyConfig) -> _Zone:
-    """Rule 1: fresh evidence, last-known-good, or neutral; plus the degraded band."""
-    mem = mem or ZoneMemory(first_seen=now)
-    last_seen = now if stats is not None else mem.last_seen
-    health = _finite(verdict.health) if verdict is not None else None
-    raw = _finite(verdict.share_raw) if verdict is not None else None
-    fresh = (stats is not None and health is not None and raw is not None and raw > 0
-             and stats.is_evidence(cfg.min_samples))
-    if fresh:
-        assert verdict is not None and stats is not None and health is not None and raw is not None
-        health = _clip(health, 0.0, 1.0)
-        weight = _finite(verdict.weight)
-        weight = _clip(weight, WEIGHT_MIN, WEIGHT_MAX) if weight is not None else decay_weight(health)
-        clean = _clean_stats(stats)
-        reasons = list(verdict.reasons)
-        recovering_since = None
-        if not mem.degraded:
-            degraded = health < cfg.degraded_threshold
-            reasons.append(f"health {health:.3f} < {cfg.degraded_threshold:.2f}: degraded" if degraded
-                           else f"health {health:.3f} >= {cfg.degraded_threshold:.2f}: ok")
-        elif health < cfg.recover_above:
-            degraded = True
-            reasons.append(f"health {health:.3f} < {cfg.recover_above:.2f} (recovery band): degraded")
-        else:
-            # Recovery hysteresis: above the band for recover_dwell_s first. Until then the
-            # zone keeps its degraded verdict (weight, share_raw), so a one-cycle blip in the
-            # middle of a fault moves no share.
-            recovering_since = _since(mem.recovering_since, now)
-            degraded = not _elapsed(recovering_since, now, cfg.recover_dwell_s, cfg)
-            if degraded:
-                raw, weight = min(raw, mem.share_raw), min(weight, mem.weight)
-                reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for {fmt(now - recovering_since)} s"
-                               f" < recover_dwell {cfg.recover_dwell_s:g} s: still degraded, verdict held")
-            else:
-                recovering_since = None
-                reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for recover_dwell"
-                               f" {cfg.recover_dwell_s:g} s: ok, recovering")
-        since = _since(mem.degraded_since if mem.degraded else None, now) if degraded else None
-        memory = ZoneMemory(first_seen=mem.first_seen, last_good_at=now, last_seen=now, health=health, weight=weight,
-                            share_raw=raw, stats=clean, degraded=degraded, degraded_since=since,
-                            state="degraded" if degraded else "ok", recovering_since=recovering_since)
-        return _Zone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
+@dataclass
+class Cycle:
+    """One cycle's working state, handed through the rules in order (`RULES`).
 
-    samples = stats.samples if stats is not None and isinstance(stats.samples, int) else 0
-    why = "no data" if stats is None else f"{samples} samples < min {cfg.min_samples}" \
-        if samples < cfg.min_samples else "no usable signal"
-    if mem.last_good_at is not None:
-        age = now - mem.last_good_at
-        if age <= cfg.equal_after_s:
-            state = "stale" if age > cfg.stale_after_s else mem.state
-            reasons = [f"{why}: holding last-known-good from {fmt(age)} s ago (health {mem.health:.3f})"]
-            if state == "stale":
-                reasons.append(f"evidence older than stale_after_s {cfg.stale_after_s:g} s: stale")
-            memory = replace(mem, state=state, last_seen=last_seen)
-            return _Zone(az, memory, False, mem.share_raw, mem.health, mem.weight, mem.stats,
-                         mem.degraded, state, reasons)
-        reasons = [f"{why}: last evidence {fmt(age)} s ago > equal_after_s {cfg.equal_after_s:g} s: treated as healthy"]
-    else:
-        reasons = [f"{why}: no evidence yet, treated as healthy (never drain on missing data)"]
-    memory = replace(mem, degraded=False, degraded_since=None, recovering_since=None, state="stale", share_raw=1.0,
-                     last_seen=last_seen)
-    return _Zone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
+    A rule that settles the shares (freeze, all stale, anti-flap) sets `shares`; the
+    rules after it are skipped and `output` turns the cycle into a `Decision`.
+    """
+
+    now: float
+    cfg: SafetyConfig
+    state: SafetyState  # the previous cycle's
+    controls: Controls
+    spikes: Mapping[str, bool]
+    names: list[str]  # the zones in play (rule 0), sorted
+    zones: dict[str, WorkingZone] = field(default_factory=dict)  # rule 1's verdicts, adjusted by the rules after it
+    last: dict[str, int] = field(default_factory=dict)  # the previous shares of the zones in play
+    reasons: list[str] = field(default_factory=list)  # the document's overall reasons
+    shifted: list[str] = field(default_factory=list)  # zones an operator shift drains (rule 3)
+    draining: set[str] = field(default_factory=set)  # shifted zones and the degraded zones allowed to drain
+    drain_slots: list[WorkingZone] = field(default_factory=list)  # the degraded zones rule 6 lets drain
+    panic: bool = False
+    panic_clear_since: float | None = None
+    shares: dict[str, int] | None = None
+    overall: str | None = None  # None: derived from the zone states by `output`
+    converging: bool = False
+
+    @property
+    def fresh(self) -> list[WorkingZone]:
+        return [z for z in self.zones.values() if z.fresh]
+
+    @property
+    def have_last(self) -> bool:
+        """The previous shares cover exactly these zones (else there is nothing to step from)."""
+        return set(self.last) == set(self.names) and sum(self.last.values()) == TOTAL_SHARE
+
+    def settle(self, shares: Mapping[str, int], overall: str | None = None, converging: bool = False) -> None:
+        self.shares, self.overall, self.converging = dict(shares), overall, converging
 
 
 def apply_safety(
@@ -390,213 +300,362 @@ def apply_safety(
     controls: Controls = Controls(),
     spikes: Mapping[str, bool] | None = None,
 ) -> Decision:
-    """One cycle of the rules (module docstring) -> Decision with the next SafetyState.
+    """One cycle of the rules, in order (docs/design.md "Safety rules") -> Decision with
+    the next SafetyState.
 
     `stats`: this cycle's evidence per destination AZ (any AZ may be missing).
     `health`: the model's verdict for (at least) the AZs with evidence.
     `spikes`: per AZ, whether the spike detector flags it now (cuts the drain dwell).
     """
-    spikes = spikes or {}
-    cfg = config
+    cycle = start_cycle(stats, health, now=now, state=state, config=config, controls=controls, spikes=spikes)
+    if cycle is None:
+        return Decision("stale", {}, replace(state, last_decision_at=now), False,
+                        ("no AZ seen yet: nothing to publish",))
+    for rule in RULES:
+        if cycle.shares is None:
+            rule(cycle)
+    return output(cycle)
+
+
+def start_cycle(stats: Mapping[str, ZoneStats], health: Mapping[str, ZoneHealth], *, now: float,
+                state: SafetyState, config: SafetyConfig, controls: Controls = Controls(),
+                spikes: Mapping[str, bool] | None = None) -> Cycle | None:
+    """Rules 0 and 1: the zones in play and each one's verdict. None when no AZ was ever seen."""
+    names = zones_in_play(stats, state, now, config)
+    if not names:
+        return None
+    cycle = Cycle(now=now, cfg=config, state=state, controls=controls, spikes=spikes or {}, names=names,
+                  last={az: state.shares[az] for az in names if az in state.shares},
+                  panic=state.panic, panic_clear_since=state.panic_clear_since)
+    cycle.zones = {az: assess_evidence(az, stats.get(az), health.get(az), state.zones.get(az), now, config)
+                   for az in names}
+    return cycle
+
+
+# ---------------------------------------------------------------------- the rules
+
+
+def zones_in_play(stats: Mapping[str, ZoneStats], state: SafetyState, now: float, cfg: SafetyConfig) -> list[str]:
+    """Rule 0: every AZ in the input or remembered; one absent for forget_after_s while
+    others report is dropped (never all of them). At most 100 (each gets >= 1 %)."""
     remembered = set(state.zones) | set(state.shares)
     if stats:  # forget only while other zones report: never drop to an empty set
         remembered = {az for az in remembered if not _forgotten(state.zones.get(az), now, cfg)}
     names = sorted(set(stats) | remembered)
-    if not names:
-        return Decision("stale", {}, replace(state, last_decision_at=now), False,
-                        ("no AZ seen yet: nothing to publish",))
-    if len(names) > SHARE_TOTAL:
-        names = names[:SHARE_TOTAL]  # cannot give >100 zones >= 1 % each; keep a stable subset
-    zones = {az: _assess(az, stats.get(az), health.get(az), state.zones.get(az), now, cfg) for az in names}
-    last = {az: state.shares[az] for az in names if az in state.shares}
-    have_last = set(last) == set(names) and sum(last.values()) == SHARE_TOTAL
-    overall_reasons: list[str] = []
-    fresh = [z for z in zones.values() if z.fresh]
+    return names[:TOTAL_SHARE]  # cannot give >100 zones >= 1 % each; keep a stable subset
 
-    def finish(shares: Mapping[str, int], overall: str, converging: bool = False,
-               panic: tuple[bool, float | None] = (state.panic, state.panic_clear_since)) -> Decision:
-        out: dict[str, ZoneDecision] = {}
-        for az in names:
-            z = zones[az]
-            s = z.stats
-            out[az] = ZoneDecision(weight=_clip(z.weight, WEIGHT_MIN, WEIGHT_MAX), share=int(shares[az]),
-                                   health=_clip(z.health, 0.0, 1.0), success=s.success, p95_ms=s.p95_ms,
-                                   util=s.util, samples=s.samples, state=z.state,
-                                   reasons=tuple(r[:MAX_REASON_CHARS] for r in z.reasons[-MAX_REASONS:]))
-        memories = {}
-        for az in names:
-            z = zones[az]
-            # the display state survives short gaps; panic/frozen/shifted are re-derived each cycle
-            keep = z.state in ("ok", "degraded", "stale")
-            memories[az] = z.memory if not keep or z.memory.state == z.state else replace(z.memory, state=z.state)
-        new_state = SafetyState(shares=dict(shares), zones=memories, last_decision_at=now, converging=converging,
-                                panic=panic[0], panic_clear_since=panic[1])
-        changed = dict(shares) != dict(state.shares)
-        return Decision(overall, out, new_state, changed, tuple(overall_reasons))
 
-    # Rule 3 (checked first: an operator's explicit hold wins): operator freeze.
-    if controls.freeze:
-        overall_reasons.append("operator freeze (control/freeze): shares held")
-        for z in zones.values():
-            z.state = "frozen"
-            z.reasons.append("frozen by operator: share held")
-        held = {az: float(last.get(az, 0)) for az in names} if last else {az: 1.0 for az in names}
-        return finish(shares_from_weights(held) if sum(held.values()) > 0 else equal_shares(names), "frozen")
+def assess_evidence(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: ZoneMemory | None,
+                    now: float, cfg: SafetyConfig) -> WorkingZone:
+    """Rule 1: fresh evidence, last-known-good, or neutral (missing data never drains);
+    plus the degraded band and the recovery dwell."""
+    mem = mem or ZoneMemory(first_seen=now)
+    health = _finite(verdict.health) if verdict is not None else None
+    raw = _finite(verdict.share_raw) if verdict is not None else None
+    if (stats is not None and verdict is not None and health is not None and raw is not None and raw > 0
+            and stats.is_evidence(cfg.min_samples)):
+        return _fresh_verdict(az, stats, verdict, health, raw, mem, now, cfg)
+    return _without_evidence(az, stats, mem, now, cfg)
 
-    # Rule 4 (before rule 2: honoured even without data): operator shifts; expired ones are ignored.
-    shifted = sorted(az for az, until in controls.shifts.items()
-                     if az in zones and _finite(until) is not None and until > now)
-    if shifted and len(shifted) == len(names):
-        overall_reasons.append("every zone is shifted: ignoring shifts (nowhere to send traffic)")
+
+def _fresh_verdict(az: str, stats: ZoneStats, verdict: ZoneHealth, health: float, raw: float, mem: ZoneMemory,
+                   now: float, cfg: SafetyConfig) -> WorkingZone:
+    """The model's verdict, with the degraded band: degraded below degraded_below, ok
+    again only above degraded_below + recovery_band for recover_dwell_s."""
+    health = _clip(health, 0.0, 1.0)
+    weight = _finite(verdict.weight)
+    weight = _clip(weight, MIN_WEIGHT, MAX_WEIGHT) if weight is not None else decay_weight(health)
+    clean = _clean_stats(stats)
+    reasons = list(verdict.reasons)
+    recovering_since = None
+    if not mem.degraded:
+        degraded = health < cfg.degraded_threshold
+        reasons.append(f"health {health:.3f} < {cfg.degraded_threshold:.2f}: degraded" if degraded
+                       else f"health {health:.3f} >= {cfg.degraded_threshold:.2f}: ok")
+    elif health < cfg.recover_above:
+        degraded = True
+        reasons.append(f"health {health:.3f} < {cfg.recover_above:.2f} (recovery band): degraded")
+    else:
+        # Until the dwell is over the zone keeps its degraded verdict (weight, share_raw),
+        # so a one-cycle blip in the middle of a fault moves no share.
+        recovering_since = _since(mem.recovering_since, now)
+        degraded = not _elapsed(recovering_since, now, cfg.recover_dwell_s, cfg)
+        if degraded:
+            raw, weight = min(raw, mem.share_raw), min(weight, mem.weight)
+            reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for {fmt(now - recovering_since)} s"
+                           f" < recover_dwell {cfg.recover_dwell_s:g} s: still degraded, verdict held")
+        else:
+            recovering_since = None
+            reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for recover_dwell"
+                           f" {cfg.recover_dwell_s:g} s: ok, recovering")
+    since = _since(mem.degraded_since if mem.degraded else None, now) if degraded else None
+    memory = ZoneMemory(first_seen=mem.first_seen, last_good_at=now, last_seen=now, health=health, weight=weight,
+                        share_raw=raw, stats=clean, degraded=degraded, degraded_since=since,
+                        state="degraded" if degraded else "ok", recovering_since=recovering_since)
+    return WorkingZone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
+
+
+def _without_evidence(az: str, stats: ZoneStats | None, mem: ZoneMemory, now: float, cfg: SafetyConfig) -> WorkingZone:
+    """Last-known-good up to equal_after_s (stale after stale_after_s), then neutral."""
+    last_seen = now if stats is not None else mem.last_seen
+    samples = stats.samples if stats is not None and isinstance(stats.samples, int) else 0
+    why = "no data" if stats is None else f"{samples} samples < min {cfg.min_samples}" \
+        if samples < cfg.min_samples else "no usable signal"
+    if mem.last_good_at is not None:
+        age = now - mem.last_good_at
+        if age <= cfg.equal_after_s:
+            state = "stale" if age > cfg.stale_after_s else mem.state
+            reasons = [f"{why}: holding last-known-good from {fmt(age)} s ago (health {mem.health:.3f})"]
+            if state == "stale":
+                reasons.append(f"evidence older than stale_after_s {cfg.stale_after_s:g} s: stale")
+            memory = replace(mem, state=state, last_seen=last_seen)
+            return WorkingZone(az, memory, False, mem.share_raw, mem.health, mem.weight, mem.stats,
+                         mem.degraded, state, reasons)
+        reasons = [f"{why}: last evidence {fmt(age)} s ago > equal_after_s {cfg.equal_after_s:g} s: treated as healthy"]
+    else:
+        reasons = [f"{why}: no evidence yet, treated as healthy (never drain on missing data)"]
+    memory = replace(mem, degraded=False, degraded_since=None, recovering_since=None, state="stale", share_raw=1.0,
+                     last_seen=last_seen)
+    return WorkingZone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
+
+
+def operator_freeze(c: Cycle) -> None:
+    """Rule 2: control/freeze holds the last shares (an operator's explicit hold wins)."""
+    if not c.controls.freeze:
+        return
+    c.reasons.append("operator freeze (control/freeze): shares held")
+    for z in c.zones.values():
+        z.state = "frozen"
+        z.reasons.append("frozen by operator: share held")
+    held = {az: float(c.last.get(az, 0)) for az in c.names} if c.last else {az: 1.0 for az in c.names}
+    c.settle(shares_from_weights(held) if sum(held.values()) > 0 else equal_shares(c.names), "frozen")
+
+
+def operator_shift(c: Cycle) -> None:
+    """Rule 3: control/shift/<az> drains that AZ to the floor at once, even without data;
+    expired shifts are ignored, and so are shifts of every zone (nowhere to go)."""
+    shifted = sorted(az for az, until in c.controls.shifts.items()
+                     if az in c.zones and _finite(until) is not None and until > c.now)
+    if shifted and len(shifted) == len(c.names):
+        c.reasons.append("every zone is shifted: ignoring shifts (nowhere to send traffic)")
         shifted = []
     for az in shifted:
-        z = zones[az]
+        z = c.zones[az]
         z.floor, z.state = True, "shifted"
-        z.reasons.append(f"operator shift (control/shift/{az}) until {fmt(controls.shifts[az], 0)}: drained to the floor")
+        z.reasons.append(f"operator shift (control/shift/{az}) until {fmt(c.controls.shifts[az], 0)}: drained to the floor")
+    c.shifted = shifted
+    c.draining = set(shifted)
 
-    # Rule 2: nothing fresh anywhere -> hold, then equal (unless an operator shift moves things).
-    if not fresh and not shifted:
-        goods = [z.memory.last_good_at for z in zones.values() if z.memory.last_good_at is not None]
-        age = now - max(goods) if goods else math.inf
-        for z in zones.values():
-            if age > cfg.stale_after_s or not goods:
-                z.state = "stale"
-        if have_last and age <= cfg.equal_after_s:
-            overall_reasons.append(f"no fresh evidence from any zone for {fmt(age)} s: holding last-known-good shares")
-            for z in zones.values():
-                z.reasons.append("share held: no zone has fresh evidence")
-            shares = dict(last)
-        else:
-            overall_reasons.append("no fresh evidence from any zone" +
-                                   (f" for {fmt(age)} s > equal_after_s {cfg.equal_after_s:g} s" if goods else "") +
-                                   ": equal shares")
-            for z in zones.values():
-                z.reasons.append("equal share: no zone has fresh evidence")
-            shares = equal_shares(names)
-        return finish(shares, "stale")
 
-    # Rule 5: panic, with hysteresis: entered at once, left only after panic_exit_s out of
-    # the condition (one zone reading healthy for a cycle must not start a drain).
-    live = [z for z in fresh if not z.floor]
+def all_stale(c: Cycle) -> None:
+    """Rule 4: no fresh zone at all -> hold the last shares, then equal shares once the
+    newest evidence is older than equal_after_s (unless an operator shift moves things)."""
+    if c.fresh or c.shifted:
+        return
+    cfg = c.cfg
+    goods = [z.memory.last_good_at for z in c.zones.values() if z.memory.last_good_at is not None]
+    age = c.now - max(goods) if goods else math.inf
+    for z in c.zones.values():
+        if age > cfg.stale_after_s or not goods:
+            z.state = "stale"
+    if c.have_last and age <= cfg.equal_after_s:
+        c.reasons.append(f"no fresh evidence from any zone for {fmt(age)} s: holding last-known-good shares")
+        for z in c.zones.values():
+            z.reasons.append("share held: no zone has fresh evidence")
+        c.settle(c.last, "stale")
+        return
+    c.reasons.append("no fresh evidence from any zone" +
+                     (f" for {fmt(age)} s > equal_after_s {cfg.equal_after_s:g} s" if goods else "") +
+                     ": equal shares")
+    for z in c.zones.values():
+        z.reasons.append("equal share: no zone has fresh evidence")
+    c.settle(equal_shares(c.names), "stale")
+
+
+def panic(c: Cycle) -> None:
+    """Rule 5: two or more fresh zones, all degraded -> equal shares at once. Entered at
+    once, left only after panic_exit_s out of the condition (one zone reading healthy for
+    a cycle must not start a drain)."""
+    cfg, now = c.cfg, c.now
+    live = [z for z in c.fresh if not z.floor]
     all_degraded = len(live) >= 2 and all(z.degraded for z in live)
-    panic, panic_clear_since = all_degraded, None
+    c.panic, c.panic_clear_since = all_degraded, None
     if all_degraded:
-        overall_reasons.append(f"all {len(live)} zones with fresh evidence are degraded: panic, spreading evenly")
-    elif state.panic:
-        panic_clear_since = _since(state.panic_clear_since, now)
-        out_for = now - panic_clear_since
-        if _elapsed(panic_clear_since, now, cfg.panic_exit_s, cfg):
-            overall_reasons.append(f"panic over: out of the panic condition for {fmt(out_for)} s"
-                                   f" >= panic_exit_s {cfg.panic_exit_s:g} s")
-            panic_clear_since = None
+        c.reasons.append(f"all {len(live)} zones with fresh evidence are degraded: panic, spreading evenly")
+    elif c.state.panic:
+        clear_since = _since(c.state.panic_clear_since, now)
+        out_for = now - clear_since
+        if _elapsed(clear_since, now, cfg.panic_exit_s, cfg):
+            c.reasons.append(f"panic over: out of the panic condition for {fmt(out_for)} s"
+                             f" >= panic_exit_s {cfg.panic_exit_s:g} s")
         else:
-            panic = True
-            overall_reasons.append(f"panic held: out of the panic condition for {fmt(out_for)} s"
-                                   f" < panic_exit_s {cfg.panic_exit_s:g} s, still spreading evenly")
-    if panic:
-        for z in zones.values():
+            c.panic, c.panic_clear_since = True, clear_since
+            c.reasons.append(f"panic held: out of the panic condition for {fmt(out_for)} s"
+                             f" < panic_exit_s {cfg.panic_exit_s:g} s, still spreading evenly")
+    if c.panic:
+        for z in c.zones.values():
             if not z.floor:
                 z.state = "panic"
                 z.raw = 1.0
                 z.reasons.append("panic: every zone degraded together, equal share")
-    # Zones being drained: operator shifts, and the degraded zones rules 6-7 let drain. Their
-    # share never rises (recovery starts only once they count as recovered), and what they
-    # give up goes to the others.
-    draining: set[str] = {az for az, z in zones.items() if z.floor}
-    if not panic:
-        # Rule 6: at most max_drained_zones drained; operator shifts use slots first.
-        candidates = sorted((z for z in zones.values() if z.degraded and not z.floor), key=lambda z: (z.health, z.name))
-        slots = max(cfg.max_drained_zones - len(shifted), 0)
-        if len(candidates) > slots:
-            healthy = [z.raw for z in zones.values() if not z.degraded and not z.floor]
-            held_raw = max(healthy) if healthy else 1.0
-            drained = [z.name for z in candidates[:slots]]
-            for z in candidates[slots:]:
-                z.raw = max(z.raw, held_raw)
-                z.reasons.append(f"not drained: max_drained_zones {cfg.max_drained_zones} in use"
-                                 f" ({', '.join(drained + shifted) or 'none allowed'})")
-        # Rule 7: dwell before a fresh degradation drains (a spike skips it).
-        for z in candidates[:slots]:
-            since = z.memory.degraded_since
-            if since is not None and spikes.get(z.name):
-                z.reasons.append("failure spike detected: drain dwell skipped")
-            elif since is not None and not _elapsed(since, now, cfg.drain_dwell_s, cfg):
-                z.hold_share = True
-                z.reasons.append(f"drain pending: degraded for {fmt(now - since)} s < dwell {cfg.drain_dwell_s:g} s")
-            draining.add(z.name)
 
-    # Targets from the (adjusted) raw weights; shifted zones get nothing.
-    raws = {az: (0.0 if z.floor else max(z.raw, 1e-300)) for az, z in zones.items()}
+
+def max_drained(c: Cycle) -> None:
+    """Rule 6: at most max_drained_zones degraded zones drain, the least healthy first
+    (operator shifts use slots first); the others are held at the best healthy weight."""
+    if c.panic:
+        return
+    cfg = c.cfg
+    candidates = sorted((z for z in c.zones.values() if z.degraded and not z.floor), key=lambda z: (z.health, z.name))
+    slots = max(cfg.max_drained_zones - len(c.shifted), 0)
+    if len(candidates) > slots:
+        healthy = [z.raw for z in c.zones.values() if not z.degraded and not z.floor]
+        held_raw = max(healthy) if healthy else 1.0
+        drained = [z.name for z in candidates[:slots]]
+        for z in candidates[slots:]:
+            z.raw = max(z.raw, held_raw)
+            z.reasons.append(f"not drained: max_drained_zones {cfg.max_drained_zones} in use"
+                             f" ({', '.join(drained + c.shifted) or 'none allowed'})")
+    c.drain_slots = candidates[:slots]
+    c.draining.update(z.name for z in c.drain_slots)
+
+
+def drain_dwell(c: Cycle) -> None:
+    """Rule 7: a zone that just turned degraded keeps its share for drain_dwell_s; a spike
+    from the detector skips the dwell."""
+    for z in c.drain_slots:
+        since = z.memory.degraded_since
+        if since is not None and c.spikes.get(z.name):
+            z.reasons.append("failure spike detected: drain dwell skipped")
+        elif since is not None and not _elapsed(since, c.now, c.cfg.drain_dwell_s, c.cfg):
+            z.hold_share = True
+            z.reasons.append(f"drain pending: degraded for {fmt(c.now - since)} s < dwell {c.cfg.drain_dwell_s:g} s")
+
+
+def anti_flap(c: Cycle) -> None:
+    """Rule 8: from the last shares towards the target: nothing moves inside the
+    hysteresis band, a draining zone never gains, drain fast and recover slowly."""
+    target = _targets(c)
+    if not c.have_last:
+        c.reasons.append("first decision for this zone set: no step caps")
+        c.settle(shares_from_weights(target))
+        return
+    if c.panic:
+        c.settle(shares_from_weights(target))
+        return
+    target = _pin_draining(c, target)
+    moves = [abs(target[az] - c.last[az]) for az in c.names if not c.zones[az].hold_share]
+    # hysteresis holds new small moves, not the last steps of a capped move under way
+    if (not moves or max(moves) < c.cfg.hysteresis_points) and not c.state.converging \
+            and not shifted_changed(c.shifted, c.last):
+        c.reasons.append(f"every move < hysteresis {c.cfg.hysteresis_points:g} points: shares held")
+        c.settle(c.last)
+        return
+    lo, hi = _drain_bounds(c, target)
+    hi = _recovery_caps(c, target, hi)
+    shares = shares_from_weights(project_shares(target, lo, hi))
+    c.settle(shares, converging=shares != shares_from_weights(target))
+
+
+RULES = (operator_freeze, operator_shift, all_stale, panic, max_drained, drain_dwell, anti_flap)
+"""Rules 2-8, in order; `start_cycle` runs rules 0-1 and `output` rule 9."""
+
+
+def output(c: Cycle) -> Decision:
+    """Rule 9: the weights document's zones (integer shares >= 1 summing to 100, built
+    as the contract's ZoneWeights) and the state for the next cycle."""
+    assert c.shares is not None, "anti_flap settles the shares of every cycle that gets to it"
+    shares = c.shares
+    overall = c.overall or ("panic" if c.panic else _overall(c.zones))
+    out = {az: _zone_weights(c.zones[az], int(shares[az])) for az in c.names}
+    memories = {}
+    for az in c.names:
+        z = c.zones[az]
+        # the display state survives short gaps; panic/frozen/shifted are re-derived each cycle
+        keep = z.state in ("ok", "degraded", "stale")
+        memories[az] = z.memory if not keep or z.memory.state == z.state else replace(z.memory, state=z.state)
+    new_state = SafetyState(shares=dict(shares), zones=memories, last_decision_at=c.now, converging=c.converging,
+                            panic=c.panic, panic_clear_since=c.panic_clear_since)
+    changed = dict(shares) != dict(c.state.shares)
+    return Decision(overall, out, new_state, changed, tuple(c.reasons))
+
+
+# ----------------------------------------------------------------- rule 8's steps
+
+
+def _targets(c: Cycle) -> dict[str, float]:
+    """Shares proportional to the (adjusted) raw weights; shifted zones get nothing."""
+    raws = {az: (0.0 if z.floor else max(z.raw, 1e-300)) for az, z in c.zones.items()}
     total = math.fsum(raws.values())
-    target = {az: SHARE_TOTAL * r / total for az, r in raws.items()} if total > 0 else \
-        {az: SHARE_TOTAL / len(names) for az in names}
+    if total > 0:
+        return {az: TOTAL_SHARE * r / total for az, r in raws.items()}
+    return {az: TOTAL_SHARE / len(c.names) for az in c.names}
 
-    converging = False
-    if not have_last:
-        overall_reasons.append("first decision for this zone set: no step caps")
-        shares = shares_from_weights(target)
-    elif panic:
-        shares = shares_from_weights(target)
-    else:
-        # A zone still being drained never gains share, even when its (partial) health
-        # would give it more: its target is pinned at its share and the others rescaled.
-        # Pinned here, before the hysteresis check, so that the capped move does not look
-        # forever unfinished (which would let every small move of the others through).
-        pinned = {az: float(last[az]) for az in draining if not zones[az].floor and target[az] > last[az]}
-        others = math.fsum(target[az] for az in names if az not in pinned)
-        if pinned and others > 0:
-            rest = (SHARE_TOTAL - math.fsum(pinned.values())) / others
-            target = {az: pinned[az] if az in pinned else target[az] * rest for az in names}
-            for az in pinned:
-                zones[az].reasons.append("still degraded: share not raised until it recovers")
-        moves = [abs(target[az] - last[az]) for az in names if not zones[az].hold_share]
-        # hysteresis holds new small moves, not the last steps of a capped move under way
-        if (not moves or max(moves) < cfg.hysteresis_points) and not state.converging \
-                and not shifted_changed(shifted, last):
-            overall_reasons.append(f"every move < hysteresis {cfg.hysteresis_points:g} points: shares held")
-            shares = dict(last)
-        else:
-            fair = SHARE_TOTAL / len(names)
-            lo: dict[str, float] = {}
-            hi: dict[str, float] = {}
-            for az, z in zones.items():
-                prev = float(last[az])
-                lo[az] = 0.0 if z.floor else prev if z.hold_share else max(prev - cfg.max_decrease_points, 0.0)
-                hi[az] = 0.0 if z.floor else float(SHARE_TOTAL)  # a floor of 0: rounding lifts it to 1 %
-                if az in draining:
-                    # never more than its target (what it gives up goes to the others, never
-                    # back to it) and never more than it had
-                    hi[az] = min(max(target[az], lo[az]), prev, hi[az])
-                if not z.floor and not z.hold_share and target[az] < lo[az]:
-                    z.reasons.append(f"draining: at most -{cfg.max_decrease_points:g} points per cycle"
-                                     f" (target {target[az]:.1f})")
-            # The points the draining zones give up this cycle, shared by everyone else in
-            # proportion to their targets (weights) -- a recovering zone included: its cap
-            # limits its *own* recovery, not its part in absorbing a drain.
-            freed = math.fsum(max(float(last[az]) - hi[az], 0.0) for az in draining)
-            absorbing = math.fsum(target[az] for az in names if az not in draining)
-            for az, z in zones.items():
-                prev = float(last[az])
-                recovering = target[az] > prev and prev < fair - cfg.hysteresis_points and az not in draining
-                if not recovering:
-                    continue
-                part = freed * target[az] / absorbing if absorbing > 0 and not z.degraded else 0.0
-                hi[az] = prev + cfg.max_increase_points + part
-                if target[az] > hi[az]:
-                    z.reasons.append(f"recovering slowly: +{cfg.max_increase_points:g} points per cycle"
-                                     + (f" (+{part:.1f} of the drained share)" if part >= 0.05 else "")
-                                     + f" (target {target[az]:.1f})")
-            if math.fsum(hi.values()) < SHARE_TOTAL:
-                # Everyone left is recovering (e.g. an operator shift of the only big zone):
-                # the traffic has to go somewhere, so the recovery cap yields this cycle.
-                overall_reasons.append("recovery caps lifted: no zone at fair share can absorb the move")
-                hi = {az: hi[az] if zones[az].floor or az in draining else float(SHARE_TOTAL) for az in names}
-                if math.fsum(hi.values()) < SHARE_TOTAL:  # only draining zones left besides shifts
-                    hi = {az: 0.0 if zones[az].floor else float(SHARE_TOTAL) for az in names}
-            shares = shares_from_weights(project_shares(target, lo, hi))
-            converging = shares != shares_from_weights(target)
-    overall = "panic" if panic else _overall(zones)
-    return finish(shares, overall, converging, (panic, panic_clear_since))
+
+def _pin_draining(c: Cycle, target: dict[str, float]) -> dict[str, float]:
+    """A zone still being drained never gains share, even when its (partial) health would
+    give it more: its target is pinned at its share and the others rescaled. Pinned before
+    the hysteresis check, so that the capped move does not look forever unfinished (which
+    would let every small move of the others through)."""
+    pinned = {az: float(c.last[az]) for az in c.draining if not c.zones[az].floor and target[az] > c.last[az]}
+    others = math.fsum(target[az] for az in c.names if az not in pinned)
+    if not pinned or others <= 0:
+        return target
+    rest = (TOTAL_SHARE - math.fsum(pinned.values())) / others
+    for az in pinned:
+        c.zones[az].reasons.append("still degraded: share not raised until it recovers")
+    return {az: pinned[az] if az in pinned else target[az] * rest for az in c.names}
+
+
+def _drain_bounds(c: Cycle, target: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per zone, the lowest and highest share this cycle: any zone loses at most
+    max_decrease_points (none while its dwell holds; a shifted zone drops to the floor),
+    and a draining zone never more than its target nor more than it had."""
+    cfg = c.cfg
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    for az, z in c.zones.items():
+        prev = float(c.last[az])
+        lo[az] = 0.0 if z.floor else prev if z.hold_share else max(prev - cfg.max_decrease_points, 0.0)
+        hi[az] = 0.0 if z.floor else float(TOTAL_SHARE)  # a floor of 0: rounding lifts it to 1 %
+        if az in c.draining:
+            # what it gives up goes to the others, never back to it
+            hi[az] = min(max(target[az], lo[az]), prev, hi[az])
+        if not z.floor and not z.hold_share and target[az] < lo[az]:
+            z.reasons.append(f"draining: at most -{cfg.max_decrease_points:g} points per cycle"
+                             f" (target {target[az]:.1f})")
+    return lo, hi
+
+
+def _recovery_caps(c: Cycle, target: Mapping[str, float], hi: dict[str, float]) -> dict[str, float]:
+    """A zone below its fair share (100/n) gains at most max_increase_points per cycle on
+    its own recovery, plus its part (by weight) of what the draining zones give up: its
+    cap limits its own recovery, not its part in absorbing a drain. If only recovering
+    zones are left to absorb, the caps yield for this cycle."""
+    cfg = c.cfg
+    fair = TOTAL_SHARE / len(c.names)
+    freed = math.fsum(max(float(c.last[az]) - hi[az], 0.0) for az in c.draining)
+    absorbing = math.fsum(target[az] for az in c.names if az not in c.draining)
+    hi = dict(hi)
+    for az, z in c.zones.items():
+        prev = float(c.last[az])
+        recovering = target[az] > prev and prev < fair - cfg.hysteresis_points and az not in c.draining
+        if not recovering:
+            continue
+        part = freed * target[az] / absorbing if absorbing > 0 and not z.degraded else 0.0
+        hi[az] = prev + cfg.max_increase_points + part
+        if target[az] > hi[az]:
+            z.reasons.append(f"recovering slowly: +{cfg.max_increase_points:g} points per cycle"
+                             + (f" (+{part:.1f} of the drained share)" if part >= 0.05 else "")
+                             + f" (target {target[az]:.1f})")
+    if math.fsum(hi.values()) < TOTAL_SHARE:
+        # Everyone left is recovering (e.g. an operator shift of the only big zone): the
+        # traffic has to go somewhere, so the recovery cap yields this cycle.
+        c.reasons.append("recovery caps lifted: no zone at fair share can absorb the move")
+        hi = {az: hi[az] if c.zones[az].floor or az in c.draining else float(TOTAL_SHARE) for az in c.names}
+        if math.fsum(hi.values()) < TOTAL_SHARE:  # only draining zones left besides shifts
+            hi = {az: 0.0 if c.zones[az].floor else float(TOTAL_SHARE) for az in c.names}
+    return hi
 
 
 def _forgotten(mem: ZoneMemory | None, now: float, cfg: SafetyConfig) -> bool:
@@ -612,7 +671,7 @@ def shifted_changed(shifted: list[str], last: Mapping[str, int]) -> bool:
     return any(last.get(az, 1) > 1 for az in shifted)
 
 
-def _overall(zones: Mapping[str, _Zone]) -> str:
+def _overall(zones: Mapping[str, WorkingZone]) -> str:
     states = {z.state for z in zones.values()}
     if states == {"stale"}:
         return "stale"

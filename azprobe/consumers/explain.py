@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from azprobe.consul import ConsulSettings, make_client, read_key
+from azprobe.consumers.weights_cli import weights_key_name
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights
 
@@ -67,7 +68,7 @@ def explain_json(doc: WeightsDoc, az: str | None, now: float) -> dict[str, Any]:
 
 
 def load_doc(settings: ConsulSettings, source_az: str | None) -> tuple[str, WeightsDoc]:
-    key = settings.key(f"weights/from/{source_az}" if source_az else "weights")
+    key = settings.key(weights_key_name(source_az or None))
     state = read_key(make_client(settings), key)
     if state.value is None:
         raise AzprobeError(f"no weights document at {key!r} in Consul at {settings.address} "

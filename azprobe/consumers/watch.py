@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
+from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class WeightWatcher:
     exception in it is logged and counted, never kills the watch.
     """
 
-    def __init__(self, settings: ConsulSettings, key: str = "weights",
+    def __init__(self, settings: ConsulSettings, key: str = kv.WEIGHTS,
                  on_change: Callable[[WeightsDoc], None] | None = None, *,
                  wait_s: float = 30.0, min_interval_s: float = 0.1,
                  backoff_base_s: float = 0.2, backoff_cap_s: float = 5.0,

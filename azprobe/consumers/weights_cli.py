@@ -17,6 +17,7 @@ import click
 
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client, read_key
 from azprobe.errors import AzprobeError, ConfigError
+from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 
 COLUMNS = ("AZ", "SHARE", "WEIGHT", "HEALTH", "SUCCESS", "P95 ms", "UTIL", "STATE", "REASONS")
@@ -24,12 +25,11 @@ REASONS_WIDTH = 60
 
 
 def weights_key_name(source_az: str | None) -> str:
-    """The key under the prefix: "weights" or "weights/from/<AZ>"."""
-    if source_az is None:
-        return "weights"
-    if not source_az or "/" in source_az or len(source_az) > 256:
-        raise ConfigError("--from", f"{source_az!r} is not an AZ name", "for example --from az-a")
-    return f"weights/from/{source_az}"
+    """The key under the prefix: "weights" or "weights/from/<AZ>" (--from AZ)."""
+    try:
+        return kv.weights_name(source_az)
+    except ValueError as exc:
+        raise ConfigError("--from", str(exc), "for example --from az-a") from None
 
 
 def _duration(seconds: float) -> str:

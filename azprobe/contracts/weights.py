@@ -1,11 +1,11 @@
-"""THE weights contract (CONTRACTS.md "Weights document"): Consul KV `<prefix>weights`
-and `<prefix>weights/from/<src AZ>`.
+"""THE weights contract (docs/contracts.md "Weights document"): Consul KV `<prefix>weights`
+and `<prefix>weights/from/<src AZ>` (key names in azprobe.contracts.kv).
 
 The controller builds documents from these dataclasses; every reader (`azprobe weights`,
 WeightWatcher, envoy-eds) parses them with `parse_weights`. Construction validates, so
 an invalid document can be neither written nor read: no NaN, no all-zero, no empty set.
-A rejected document raises WeightsError naming the field and is counted in
-`REJECTED` (and the Prometheus counter `azprobe_weights_rejected_total`).
+A rejected document raises WeightsError naming the field and is counted in `REJECTED`
+(a process that exports metrics reads it at scrape time; there is no global registry).
 
 azprobe/contracts/schema/weights.schema.json states the same rules as a JSON Schema, except what
 JSON Schema cannot say: shares summing to 100, expires_at >= generated_at, no duplicate
@@ -24,11 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from prometheus_client import Counter
-
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schema" / "weights.schema.json"
-MIN_WEIGHT = math.exp(-2)  # the decay model's floor: weight = exp(-2 * (1 - H))
+DECAY_RATE = 2.0  # weight = exp(-DECAY_RATE * (1 - H)): the decay every model's weight follows
+MIN_WEIGHT = math.exp(-DECAY_RATE)  # the floor of `weight` (health 0)
+MAX_WEIGHT = 1.0  # health 1
 WEIGHT_SLACK = 1e-9
 TOTAL_SHARE = 100
 MAX_ZONES = 64
@@ -76,7 +76,6 @@ class RejectedCounter:
 
 
 REJECTED = RejectedCounter()
-REJECTED_METRIC = Counter("azprobe_weights_rejected", "Weights documents rejected by the parser")
 
 
 # --- field checks (shared by parsing and construction) ------------------------------
@@ -148,7 +147,7 @@ class ZoneWeights:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "weight", _number(self.weight, "weight", MIN_WEIGHT - WEIGHT_SLACK, 1.0 + WEIGHT_SLACK))
+        set_(self, "weight", _number(self.weight, "weight", MIN_WEIGHT - WEIGHT_SLACK, MAX_WEIGHT + WEIGHT_SLACK))
         set_(self, "share", _integer(self.share, "share", 1, TOTAL_SHARE))
         set_(self, "health", _number(self.health, "health", 0.0, 1.0))
         set_(self, "success", _number(self.success, "success", 0.0, 1.0, nullable=True))
@@ -329,5 +328,4 @@ def parse_weights(raw: bytes | str) -> WeightsDoc:
         return weights_from_json(doc)
     except WeightsError:
         REJECTED.inc()
-        REJECTED_METRIC.inc()
         raise

@@ -1,4 +1,4 @@
-"""The window contract (agent -> controller), DESIGN.md "Contracts".
+"""The window contract (agent -> controller), docs/contracts.md "Window document".
 
 One window per agent interval; `seq` strictly increases within one agent boot
 (`boot_id`). Stats are keyed by path: source AZ -> destination AZ. `parse_window` is the

@@ -1,4 +1,4 @@
-"""Controller config (CONTRACTS.md): defaults, and one-line errors naming the field, exit 2."""
+"""Controller config (docs/contracts.md "Controller config"): defaults, and one-line errors naming the field, exit 2."""
 
 from __future__ import annotations
 

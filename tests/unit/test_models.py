@@ -12,16 +12,14 @@ import pytest
 
 from azprobe.config import Section
 from azprobe.errors import ConfigError
+from azprobe.contracts.stats import StatsError, ZoneStats, parse_stats_document
+from azprobe.contracts.weights import MIN_WEIGHT
 from azprobe.controller.models import (
-    WEIGHT_MIN,
     DefaultModel,
     DefaultModelConfig,
     SeedV1Model,
-    StatsError,
-    ZoneStats,
     equal_shares,
     load_model,
-    parse_stats_document,
     shares_from_weights,
 )
 
@@ -62,7 +60,8 @@ def test_seed_v1_lnorm_saturates_inside_a_region():
 
 
 def test_seed_v1_keeps_most_weight_on_a_sick_zone():
-    # DESIGN: +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight under seed-v1.
+    # +200 ms / 5 % loss keeps ~85 % of a healthy zone's weight under seed-v1
+    # (docs/design.md "The model and its calibration").
     out = SeedV1Model().evaluate({"ok": ZoneStats(1.0, 12.0, 0.4), "sick": ZoneStats(0.95, 212.0, 0.4)})
     ratio = out["sick"].weight / out["ok"].weight
     assert 0.80 < ratio < 0.90
@@ -88,7 +87,7 @@ def test_default_drains_200ms_5pct_zone_to_at_most_10():
     shares, verdicts = model_shares(DefaultModel(), load_stats("stats_drain_200ms_5pct.json"))
     assert shares["az-c"] <= 10, shares
     assert sum(shares.values()) == 100
-    assert verdicts["az-c"].weight >= WEIGHT_MIN
+    assert verdicts["az-c"].weight >= MIN_WEIGHT
 
 
 HEALTHY = {"az-a": ZoneStats(0.9995, 10.0, 0.35, 0.001, 0.0, 5000),
@@ -204,7 +203,7 @@ def test_default_missing_inputs_never_drain():
 def test_default_weight_stays_in_contract_range_even_when_share_raw_is_tiny():
     v = DefaultModel().evaluate({"a": ZoneStats(1.0, 10.0), "b": ZoneStats(0.0, 10_000.0, 1.0, 5.0, 5.0)})["b"]
     assert v.health == 0.0
-    assert v.weight == pytest.approx(WEIGHT_MIN)
+    assert v.weight == pytest.approx(MIN_WEIGHT)
     assert 0 < v.share_raw < v.weight
 
 

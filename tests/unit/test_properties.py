@@ -18,8 +18,9 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from azprobe.contracts.weights import OVERALL_STATES, ZONE_STATES, ZoneWeights
-from azprobe.controller.models import WEIGHT_MIN, DefaultModel, SeedV1Model, ZoneStats, shares_from_weights
+from azprobe.contracts.stats import ZoneStats
+from azprobe.contracts.weights import MIN_WEIGHT, OVERALL_STATES, ZONE_STATES, ZoneWeights
+from azprobe.controller.models import DefaultModel, SeedV1Model, shares_from_weights
 from azprobe.controller.policy import Policy
 from azprobe.controller.safety import Controls, SafetyConfig, SafetyState
 
@@ -67,7 +68,7 @@ def test_models_any_input(seed):
         assert set(verdicts) == set(zones)
         for v in verdicts.values():
             assert 0.0 <= v.health <= 1.0
-            assert WEIGHT_MIN - 1e-12 <= v.weight <= 1.0
+            assert MIN_WEIGHT - 1e-12 <= v.weight <= 1.0
             assert math.isfinite(v.share_raw) and v.share_raw > 0
             assert all(isinstance(reason, str) for reason in v.reasons)
         check_shares(shares_from_weights({az: v.share_raw for az, v in verdicts.items()}), zones)

@@ -9,14 +9,9 @@ import pytest
 
 from azprobe.config import Section
 from azprobe.errors import ConfigError
-from azprobe.contracts.weights import ZoneWeights
-from azprobe.controller.models import (
-    WEIGHT_MIN,
-    DefaultModel,
-    ZoneHealth,
-    ZoneStats,
-    decay_weight,
-)
+from azprobe.contracts.stats import ZoneStats
+from azprobe.contracts.weights import MIN_WEIGHT, ZoneWeights
+from azprobe.controller.models import DefaultModel, ZoneHealth, decay_weight
 from azprobe.controller.policy import Policy
 from azprobe.controller.safety import (
     Controls,
@@ -333,7 +328,7 @@ def test_state_is_carried_not_mutated():
 
 def test_weight_never_below_the_contract_floor():
     d = Cycle().run({"az-a": 1.0, "az-b": 0.0})
-    assert d.zones["az-b"].to_json()["weight"] >= WEIGHT_MIN
+    assert d.zones["az-b"].to_json()["weight"] >= MIN_WEIGHT
 
 
 def test_project_shares_respects_bounds_and_sum():

@@ -1,4 +1,4 @@
-"""The weights contract: every rule of CONTRACTS.md, one clear error naming the field."""
+"""The weights contract: every rule of docs/contracts.md "Weights document", one clear error naming the field."""
 
 import json
 import math

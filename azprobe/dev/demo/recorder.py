@@ -10,6 +10,7 @@ from typing import Self
 
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
 from azprobe.dev.demo.metrics import KvSample
+from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class KvRecorder(_KeyRecorder):
     """A timeline of (monotonic time, weights document). `latest` is the newest pair."""
 
     def __init__(self, consul_url: str, prefix: str) -> None:
-        super().__init__(consul_url, prefix, "weights")
+        super().__init__(consul_url, prefix, kv.WEIGHTS)
         # A short wait so stop() returns quickly; a change still returns at once.
         self._watch = KeyWatch(make_client(self.settings), self.key, wait_s=2.0, min_interval_s=0.0)
         self._samples: list[KvSample] = []
@@ -91,7 +92,7 @@ class LeaderRecorder(_KeyRecorder):
     """
 
     def __init__(self, consul_url: str, prefix: str) -> None:
-        super().__init__(consul_url, prefix, "leader")
+        super().__init__(consul_url, prefix, kv.LEADER)
         self._client = make_client(self.settings)
         self._events: list[tuple[float, str | None]] = []
 

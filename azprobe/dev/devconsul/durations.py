@@ -36,9 +36,3 @@ def parse_go_duration_ns(text: str) -> int:
         raise ValueError(f'time: invalid duration "{text}"')
     return sign * int(round(total))
 
-
-def format_go_duration(ns: int) -> str:
-    """Inverse for the common whole-second case ("15s"), as Consul echoes TTLs."""
-    if ns % 1_000_000_000 == 0:
-        return f"{ns // 1_000_000_000}s"
-    return f"{ns / 1e9:g}s"

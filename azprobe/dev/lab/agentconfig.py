@@ -1,4 +1,4 @@
-"""The agent config (CONTRACTS.md format) that matches a lab."""
+"""The agent config (docs/contracts.md "Agent config") that matches a lab."""
 
 from __future__ import annotations
 

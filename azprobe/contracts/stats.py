@@ -1,0 +1,109 @@
+"""The model-input contract: evidence about one destination AZ (`ZoneStats`).
+
+The controller's merge produces one `ZoneStats` per destination AZ and view; a model
+turns them into health and weight (azprobe.controller.models); `azprobe model` reads
+them as a JSON document ``{"zones": {az: {...}}}`` (docs/contracts.md "Model input").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class StatsError(ValueError):
+    """A model-input document that breaks the contract; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+def finite(value: float | None) -> float | None:
+    """None for None/NaN/inf: a broken input is a missing input, never a verdict."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class ZoneStats:
+    """Evidence about one destination AZ over the evaluation window.
+
+    success: connect success rate ok/(ok+refused+timeout), None when nothing completed.
+    p95_ms: P95 smoothed RTT from the merged histogram, None without RTT samples.
+    util: weighted CPU+memory utilisation of the AZ's nodes, None without agents there.
+    syn_retrans_per_conn / rto_per_conn: per connect attempt.
+    samples: completed connections + RTT samples (how much evidence this is).
+    """
+
+    success: float | None = None
+    p95_ms: float | None = None
+    util: float | None = None
+    syn_retrans_per_conn: float = 0.0
+    rto_per_conn: float = 0.0
+    samples: int = 0
+
+    def is_evidence(self, min_samples: int) -> bool:
+        """Enough samples, and at least one usable signal, to act on."""
+        if self.samples < min_samples:
+            return False
+        return finite(self.success) is not None or finite(self.p95_ms) is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str = "zone") -> "ZoneStats":
+        """Validate one zone's stats; raises StatsError naming the field (e.g. zones.az-a.success)."""
+        if not isinstance(doc, Mapping):
+            raise StatsError(where, "expected an object")
+        known = {f.name for f in fields(cls)}
+        for key in doc:
+            if key not in known:
+                raise StatsError(f"{where}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
+
+        def number(key: str, lo: float, hi: float, optional: bool, default: float | None) -> float | None:
+            value = doc.get(key, default)
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise StatsError(f"{where}.{key}", f"expected a number, got {value!r:.40}")
+            value = float(value)
+            if not math.isfinite(value) or not lo <= value <= hi:
+                raise StatsError(f"{where}.{key}", f"{value} is outside {lo}..{hi}")
+            return value
+
+        samples = doc.get("samples", 0)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise StatsError(f"{where}.samples", f"expected an integer >= 0, got {samples!r:.40}")
+        return cls(
+            success=number("success", 0.0, 1.0, True, None),
+            p95_ms=number("p95_ms", 0.0, 1e9, True, None),
+            util=number("util", 0.0, 1.0, True, None),
+            syn_retrans_per_conn=number("syn_retrans_per_conn", 0.0, 1e9, False, 0.0) or 0.0,
+            rto_per_conn=number("rto_per_conn", 0.0, 1e9, False, 0.0) or 0.0,
+            samples=samples,
+        )
+
+
+def parse_stats_document(doc: object) -> dict[str, ZoneStats]:
+    """``{"zones": {az: {...}}}`` -> {az: ZoneStats}; raises StatsError naming the field."""
+    if not isinstance(doc, Mapping):
+        raise StatsError("stats", "expected a JSON object with a 'zones' object")
+    zones = doc.get("zones")
+    if not isinstance(zones, Mapping) or not zones:
+        raise StatsError("zones", "expected a non-empty object of AZ name -> stats")
+    out: dict[str, ZoneStats] = {}
+    for az, zone in zones.items():
+        if not isinstance(az, str) or not az:
+            raise StatsError("zones", f"AZ name {az!r} must be a non-empty string")
+        out[az] = ZoneStats.from_json(zone, f"zones.{az}")
+    return out
