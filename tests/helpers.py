@@ -3,9 +3,13 @@ by sleeping a fixed time (a loaded 2-core box makes fixed sleeps flaky)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -46,3 +50,51 @@ def sample_weights_doc(generation: int = 1, shares: dict[str, int] | None = None
              for az, share in shares.items()}
     return WeightsDoc(generation=generation, generated_at=now, expires_at=now + ttl_s, leader="ctl-test",
                       model="default", state="ok", zones=zones, source_az=source_az)
+
+
+# --- prerequisites: skip on a developer's box, FAIL under CI -----------------------------
+# CI runs `make test` as root with CI=true: there a missing prerequisite means the CI
+# machine is broken, and a skip would pass the run without testing the kernel or the lab.
+
+def in_ci(environ: dict[str, str] | None = None) -> bool:
+    value = (os.environ if environ is None else environ).get("CI", "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def require(ok: bool, missing: str, fix: str) -> None:
+    """A test's prerequisite: skipped outside CI, a failure under CI, naming what is missing
+    and how to fix it (e.g. require(os.geteuid() == 0, "needs root", "run make test as root"))."""
+    if ok:
+        return
+    message = f"missing prerequisite: {missing}; {fix}"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: a missing prerequisite fails, it does not skip)", pytrace=False)
+    pytest.skip(message)
+
+
+def require_root(why: str) -> None:
+    require(os.geteuid() == 0, f"needs root ({why})", "run make test as root")
+
+
+def require_tools(*tools: str) -> None:
+    absent = [t for t in tools if shutil.which(t) is None]
+    require(not absent, f"{', '.join(absent)} not on PATH", "run `make setup` (scripts/setup-host.sh installs them)")
+
+
+def marker_prerequisites(markers: Iterable[str]) -> None:
+    """What the `kernel` and `lab` markers promise (pyproject.toml), checked before a test
+    runs: the kernel tests need what the agent itself checks before loading BPF (root,
+    BTF, tracefs, the tracepoints, bcc, kernel headers), the lab tests need root and the
+    network tools."""
+    names = set(markers)
+    if "kernel" in names:
+        from azprobe.agent.probe import check_prerequisites
+        from azprobe.errors import PrerequisiteError
+
+        try:
+            check_prerequisites()
+        except PrerequisiteError as exc:
+            require(False, f"the kernel tests need BPF: {exc}", "run make test as root on a BTF kernel")
+    if "lab" in names:
+        require_root("the lab builds network namespaces")
+        require_tools("ip", "nft")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from azprobe.dev.devconsul.testing import DevConsul, free_port
+from tests.helpers import require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +64,7 @@ def controller_config(tmp_path: Path, address: str, agents: list[str], token_fil
 
 # --- agent role: this machine ---------------------------------------------------------
 
-@pytest.mark.kernel
-@pytest.mark.skipif(os.geteuid() != 0, reason="the BCC test compile needs root")
+@pytest.mark.kernel  # root, BTF, tracefs, bcc: the conftest checks them (fails under CI)
 def test_agent_role_passes_on_this_machine(tmp_path):
     config = tmp_path / "agent.toml"
     config.write_text('[node]\naz = "az-a"\n[topology]\naz-a = ["198.18.1.0/24"]\n')
@@ -81,8 +81,8 @@ def test_agent_role_passes_on_this_machine(tmp_path):
 
 
 @pytest.mark.kernel
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop capabilities with setpriv")
 def test_agent_role_without_bpf_capabilities_fails_with_the_fix():
+    require_tools("setpriv")
     # The same host, with the capabilities the unit grants taken away.
     result = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
                              sys.executable, "-m", "azprobe.cli", "doctor", "--role", "agent"],
