@@ -3,10 +3,12 @@ by sleeping a fixed time (a loaded 2-core box makes fixed sleeps flaky)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import pytest
@@ -98,3 +100,26 @@ def marker_prerequisites(markers: Iterable[str]) -> None:
     if "lab" in names:
         require_root("the lab builds network namespaces")
         require_tools("ip", "nft")
+
+
+# --- children on port 0 ----------------------------------------------------------------
+# A child daemon listens on port 0 and writes the port it got to --address-file
+# (azprobe.address_file); never "find a free port, close it, start the child on it".
+
+def child_url(address_file, proc, timeout: float = 90.0) -> str:
+    """http://host:port of a child started with --address-file, once it serves."""
+    from azprobe.address_file import format_host_port, wait_for_address_file
+
+    address = wait_for_address_file(address_file, alive=lambda: proc.poll() is None, timeout_s=timeout)
+    assert address is not None, (f"{proc.args[:6]} wrote no address to {address_file} within {timeout}s "
+                                 f"(exit code {proc.poll()})")
+    return f"http://{format_host_port(*address)}"
+
+
+@contextlib.contextmanager
+def refused_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port on which connects are refused for the whole block: bound but never listening,
+    so no other process can take it meanwhile (a closed "free" port could be reused)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        yield sock.getsockname()[1]

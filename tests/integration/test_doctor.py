@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.dev.devconsul.testing import DevConsul, free_port
-from tests.helpers import require_tools
+from azprobe.dev.devconsul.testing import DevConsul
+from tests.helpers import refused_port, require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,9 +108,10 @@ def test_unknown_role_is_exit_2():
 # --- controller role: Consul ------------------------------------------------------------
 
 def test_controller_role_passes_against_devconsul(devconsul, tmp_path, live_agent_url):
-    dead_agent = f"http://127.0.0.1:{free_port()}"
-    config = controller_config(tmp_path, devconsul.url, [live_agent_url, dead_agent])
-    result = doctor("--role", "controller", "--config", config, "--json")
+    with refused_port() as port:
+        dead_agent = f"http://127.0.0.1:{port}"
+        config = controller_config(tmp_path, devconsul.url, [live_agent_url, dead_agent])
+        result = doctor("--role", "controller", "--config", config, "--json")
     report = json.loads(result.stdout)
     checks = by_name(report)
     assert result.returncode == 0, result.stdout
@@ -128,8 +129,9 @@ def test_controller_role_passes_against_devconsul(devconsul, tmp_path, live_agen
 
 
 def test_wrong_consul_address_fails_with_the_fix(tmp_path, live_agent_url):
-    config = controller_config(tmp_path, f"http://127.0.0.1:{free_port()}", [live_agent_url])
-    result = doctor("--role", "controller", "--config", config)
+    with refused_port() as port:
+        config = controller_config(tmp_path, f"http://127.0.0.1:{port}", [live_agent_url])
+        result = doctor("--role", "controller", "--config", config)
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     failed = next(i for i, line in enumerate(lines) if line.startswith("✗ consul.reachable"))
@@ -138,8 +140,9 @@ def test_wrong_consul_address_fails_with_the_fix(tmp_path, live_agent_url):
 
 
 def test_all_agents_down_is_a_failure(devconsul, tmp_path):
-    config = controller_config(tmp_path, devconsul.url, [f"http://127.0.0.1:{free_port()}"])
-    result = doctor("--role", "controller", "--config", config, "--json")
+    with refused_port() as port:
+        config = controller_config(tmp_path, devconsul.url, [f"http://127.0.0.1:{port}"])
+        result = doctor("--role", "controller", "--config", config, "--json")
     assert result.returncode == 1
     assert by_name(json.loads(result.stdout))["agents"]["status"] == "fail"
 

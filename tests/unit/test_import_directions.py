@@ -5,7 +5,8 @@ LOWER layer, nothing else:
 
   0  contracts    azprobe.contracts (window, weights, sketch): imports nothing else of azprobe
   1  foundation   azprobe (the package), azprobe.errors, azprobe.config, azprobe.consul,
-                  azprobe.sdnotify, azprobe.bpf: shared plumbing, knows no role
+                  azprobe.sdnotify, azprobe.address_file, azprobe.bpf: shared plumbing,
+                  knows no role
   2  roles        azprobe.agent | azprobe.controller | azprobe.consumers: three separate
                   groups, so agent and controller never import each other, and consumers
                   (weights CLI, watcher, envoy-eds, explain) import neither
@@ -44,6 +45,7 @@ PACKAGE_DIRS = {"azprobe": "azprobe", "agent": "azprobe.agent", "controller": "a
 LAYERS: dict[tuple[int, str], tuple[str, ...]] = {
     (0, "contracts"): ("azprobe.contracts",),
     (1, "foundation"): ("azprobe", "azprobe.errors", "azprobe.config", "azprobe.consul", "azprobe.sdnotify",
+                        "azprobe.address_file",
                         "azprobe.bpf"),
     (2, "agent"): ("azprobe.agent",),
     (2, "controller"): ("azprobe.controller",),
