@@ -70,6 +70,7 @@ class FakeAgent:
         self.paused = False  # True: answers pulls but makes no new windows (stale)
         self.fail_status = 0  # non-zero: answer every pull with this HTTP status
         self.delay_s = 0.0  # answer this late (a slow agent)
+        self.held = 0  # pulls being held back by delay_s right now
         self.pulls = 0
         self.lock = threading.Lock()
 
@@ -143,10 +144,13 @@ class FakeAgentServer:
         if agent is None:
             return web.json_response({"error": "no such agent"}, status=404)
         if agent.delay_s:
+            agent.held += 1
             try:  # a slow agent, but one that does not hold up the server's shutdown
                 await asyncio.wait_for(self._stopping.wait(), agent.delay_s)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                agent.held -= 1
         if agent.fail_status:
             return web.Response(status=agent.fail_status, text="injected failure")
         try:
