@@ -70,8 +70,11 @@ class DevConsul:
     def start(self) -> "DevConsul":
         if self.proc is not None and self.proc.poll() is None:
             return self
-        log_fd, log_name = _tempfile()
-        self._log_path = Path(log_name)
+        if self._log_path is None:
+            log_fd, log_name = _tempfile()
+            self._log_path = Path(log_name)
+        else:  # a restart appends to the same log, so close() removes all of it
+            log_fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND)
         self._address_path = self._log_path.with_suffix(".address")
         self._address_path.unlink(missing_ok=True)
         env = dict(os.environ)
