@@ -35,7 +35,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     name = node.string("name", socket.gethostname())
     az = node.string("az", required=True)
     node.reject_unknown()
-    listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"))
+    listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"), listen=True)
     interval_s = agent.number("interval_s", 1.0, min=0.1, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)
     agent.reject_unknown()

@@ -25,6 +25,7 @@ from azprobe.agent.probe import Probe, ProbeEvent
 from azprobe.agent.util import UtilisationSampler
 from azprobe.agent.windows import Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
 from azprobe import sdnotify
+from azprobe.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.window import COUNTER_FIELDS, Window
@@ -74,9 +75,15 @@ class Agent:
         return self._probe
 
     @property
-    def url(self) -> str:
+    def bound_address(self) -> tuple[str, int]:
+        """(host, port) the HTTP server listens on (the real port when listen asked for 0)."""
         host, port = self._server.server_address[:2] if self._server else self.listen
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.bound_address
+        return f"http://{format_host_port('127.0.0.1' if host in ('0.0.0.0', '') else host, port)}"
 
     def start(self) -> None:
         if self._probe is None:
@@ -250,16 +257,24 @@ class Agent:
 
 @click.command("agent")
 @click.option("--config", "config_path", required=True, help="Agent TOML config file.")
-@click.option("--listen", default=None, help="host:port for HTTP (overrides agent.listen).")
-def agent_command(config_path: str, listen: str | None) -> None:
+@click.option("--listen", default=None, help="host:port for HTTP (overrides agent.listen; port 0: any free port).")
+@click.option("--address-file", default=None, type=click.Path(dir_okay=False),
+              help="Once serving, write the bound host:port here (for listen port 0).")
+def agent_command(config_path: str, listen: str | None, address_file: str | None) -> None:
     """Run the node agent: load the probe, serve per-path windows."""
     config = load_agent_config(config_path)
-    listen_addr = parse_host_port(listen, "--listen") if listen else None
+    listen_addr = parse_host_port(listen, "--listen", listen=True) if listen else None
     # systemd Type=notify: READY once loaded and serving, WATCHDOG=1 from the loop's ticks.
     notifier = sdnotify.LoopNotifier(lambda: f"serving {agent.url}, window seq {agent.gauges()['window_seq']:.0f}",
                                      loop_interval_s=config.interval_s)
+
+    def ready() -> None:
+        if address_file:
+            write_address_file(address_file, *agent.bound_address)
+        notifier.started()
+
     agent = Agent(config, config_path=config_path, listen=listen_addr,
-                  on_ready=notifier.started, on_tick=lambda window: notifier.tick())
+                  on_ready=ready, on_tick=lambda window: notifier.tick())
     try:
         agent.run_forever()
     finally:

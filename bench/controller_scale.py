@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from azprobe.address_file import wait_for_address_file  # noqa: E402
 from azprobe.controller.config import parse_config  # noqa: E402
 from azprobe.controller.main import Controller  # noqa: E402
 
@@ -91,11 +93,16 @@ def main() -> None:
     args = parser.parse_args()
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    address_dir = tempfile.TemporaryDirectory(prefix="azprobe-bench-")
+    address_file = Path(address_dir.name) / "fakeagent.address"
     server = subprocess.Popen([sys.executable, "-m", "tests.fakeagent", "--agents", str(args.agents),
-                               "--interval", str(args.interval)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+                               "--interval", str(args.interval), "--address-file", str(address_file)],
+                              cwd=ROOT, env=env)
     try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
+        address = wait_for_address_file(address_file, alive=lambda: server.poll() is None, timeout_s=60)
+        if address is None:
+            raise SystemExit(f"bench: the fake agents reported no address (exit {server.poll()})")
+        port = address[1]
         config = parse_config({
             "controller": {"name": "bench", "interval_s": args.interval, "evaluation_window_s": 5.0,
                            "listen": "127.0.0.1:9741"},
@@ -113,6 +120,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
+        address_dir.cleanup()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Closed-loop latency: the default drill (az-b +200 ms, 5 % loss) N times.
+"""Closed-loop latency: a drill (default: az-b +200 ms, 5 % loss) N times.
 
 One lab + devconsul + agent for all runs; every run starts fresh controllers on a fresh
 KV prefix, so each detect/recover figure is the whole loop's (probe -> agent window ->
@@ -7,6 +7,10 @@ controller pull/merge/model/safety -> fenced KV txn -> blocking watch).
 Prints one line per run, then ONE final JSON line:
   {"runs": N, "detect_s": {"p50", "max", "values"}, "recover_s": {...}, "goal_met": bool, ...}
 Goal: detect p50 <= 3 s, max <= 5 s. Needs root (namespaces, BPF).
+
+`--scenario controller-failover --fault-s 36` also reports the failover figures the
+tests only order (tests/e2e/test_loop.py): takeover_s, write_after_release_s (goal:
+lock-delay + 2 s) and max_generation_gap (goal: lock-delay + 2 s + one probe per cycle).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import json
 import sys
 
 from azprobe.dev.demo.metrics import percentile
-from azprobe.dev.demo.runner import DRAIN_DWELL_S, LoopStack, run_drill
-from azprobe.dev.demo.scenarios import DEFAULT_SCENARIO, get_scenario
+from azprobe.dev.demo.configs import LEADER_PROBE_FAILURES
+from azprobe.dev.demo.runner import DRAIN_DWELL_S, LOCK_DELAY_S, LoopStack, run_drill
+from azprobe.dev.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
 from azprobe.dev.lab.lab import unique_lab_name
 
 GOAL_DETECT_P50_S = 3.0
@@ -30,9 +35,20 @@ def summarize(values: list[float | None]) -> dict[str, object]:
             "missed": len(values) - len(seen)}
 
 
+def failover_figures(failover: dict[str, list[float | None]]) -> dict[str, object]:
+    """The failover drill's figures and their goals; nothing for a drill without a kill."""
+    if all(v is None for v in failover["takeover_s"]):
+        return {}
+    goals = {"write_after_release_s": LOCK_DELAY_S + 2.0,
+             "max_generation_gap": LOCK_DELAY_S + 2.0 + LEADER_PROBE_FAILURES * 1.0}  # + a probe per cycle
+    return {**{name: summarize(values) for name, values in failover.items()}, "failover_goal": goals}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="drills to run (default 5)")
+    parser.add_argument("--scenario", default=DEFAULT_SCENARIO, choices=sorted(SCENARIOS),
+                        help=f"the drill (default {DEFAULT_SCENARIO})")
     parser.add_argument("--fault-s", type=float, default=10.0, help="fault phase per drill (default 10 s)")
     parser.add_argument("--drain-dwell-s", type=float, default=DRAIN_DWELL_S,
                         help=f"controllers' drain dwell (default {DRAIN_DWELL_S}, the demo's)")
@@ -42,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     dwell = None if args.controller_default_dwell else args.drain_dwell_s
     if args.runs < 1:
         parser.error("--runs must be >= 1")
-    scenario = get_scenario(DEFAULT_SCENARIO)
+    scenario = get_scenario(args.scenario)
     detects: list[float | None] = []
     recovers: list[float | None] = []
     reversals: list[int] = []
+    failover: dict[str, list[float | None]] = {"takeover_s": [], "write_after_release_s": [],
+                                               "max_generation_gap": []}
     with LoopStack(lab_name=unique_lab_name("bench")) as stack:
         for run in range(1, args.runs + 1):
             result = run_drill(stack, scenario, fault_s=args.fault_s, drain_dwell_s=dwell)
@@ -53,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             detects.append(m.detect_s)
             recovers.append(m.recover_s)
             reversals.append(m.direction_reversals)
+            for name, values in failover.items():
+                values.append(getattr(m, name))
             print(f"run {run}/{args.runs}: detect_s={m.detect_s} recover_s={m.recover_s} "
                   f"during={m.shares_during} reversals={m.direction_reversals}", file=sys.stderr, flush=True)
     detect = summarize(detects)
@@ -62,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                       "drain_dwell_s": dwell if dwell is not None else "controller default",
                       "detect_s": detect, "recover_s": summarize(recovers),
                       "direction_reversals": reversals,
+                      **failover_figures(failover),
                       "goal": {"detect_p50_s": GOAL_DETECT_P50_S, "detect_max_s": GOAL_DETECT_MAX_S},
                       "goal_met": goal_met}))
     return 0

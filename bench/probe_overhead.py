@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe import bpf  # noqa: E402
+from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
 from azprobe.agent.probe import check_prerequisites, compile_program, program_stats  # noqa: E402
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 
@@ -42,12 +42,6 @@ METRIC = re.compile(r'^azprobe_bpf_run_(time_ns|count)_total\{prog="([a-z_]+)"\}
 
 def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_stats(url: str) -> dict[str, list[int]]:
@@ -83,11 +77,15 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp, \
                 Lab.up(LabSpec(name=unique_lab_name("bn"), state_dir=Path(tmp), traffic=LOAD)) as lab:
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
+            address_file = Path(tmp) / "agent.address"
             agent = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config",
-                                      str(lab.agent_config_path), "--listen", f"127.0.0.1:{port}"],
+                                      str(lab.agent_config_path), "--listen", "127.0.0.1:0",
+                                      "--address-file", str(address_file)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            address = wait_for_address_file(address_file, alive=lambda: agent.poll() is None, timeout_s=60)
+            if address is None:
+                raise SystemExit(f"bench: agent reported no address (exit {agent.poll()})")
+            url = f"http://{format_host_port(*address)}"
             wait_healthy(url, agent)
             empty = compile_program(bpf.EMPTY_PROGRAM)
             proc = psutil.Process(agent.pid)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from azprobe.address_file import format_host_port
 from azprobe.config import Section, load_toml, parse_host_port
 from azprobe.errors import ConfigError
 from azprobe.controller.models import Model, load_model
@@ -83,13 +84,22 @@ def _advertise(section: Section) -> str:
     listen = section.string("listen", "127.0.0.1:9741")
     value = section.string("advertise", "")
     if value:
-        host, _ = parse_host_port(value, section.field("advertise"))
+        host, _ = parse_host_port(value, section.field("advertise"), listen=True)  # port 0: the bound port
         if _unspecified(host):
             raise ConfigError(section.field("advertise"), f"{value!r} names no host",
                               "use this host's address, e.g. \"10.0.1.5:9741\"")
         return value
-    host, _ = parse_host_port(listen, section.field("listen"))
+    host, _ = parse_host_port(listen, section.field("listen"), listen=True)
     return "" if _unspecified(host) or _loopback(host) else listen
+
+
+def bound_advertise(advertise: str, bound_port: int) -> str:
+    """The advertised address once the server listens: port 0 (listen on port 0, e.g. in
+    tests) becomes the port the kernel gave us, so standbys probe the real /healthz."""
+    if not advertise:
+        return advertise
+    host, port = parse_host_port(advertise, "advertise", listen=True)
+    return format_host_port(host, bound_port) if port == 0 else advertise
 
 
 def _unspecified(host: str) -> bool:
@@ -111,7 +121,7 @@ def parse_controller(section: Section) -> ControllerSettings:
         name=section.string("name", socket.gethostname()) or socket.gethostname(),
         interval_s=section.number("interval_s", 1.0, min=0.05, max=60.0),
         evaluation_window_s=section.number("evaluation_window_s", 5.0, min=0.1, max=3600.0),
-        listen=parse_host_port(section.string("listen", "127.0.0.1:9741"), section.field("listen")),
+        listen=parse_host_port(section.string("listen", "127.0.0.1:9741"), section.field("listen"), listen=True),
         session_ttl_s=section.number("session_ttl_s", 10.0, min=10.0, max=86400.0),
         lock_delay_s=section.number("lock_delay_s", 15.0, min=0.0, max=60.0),
         advertise=_advertise(section),

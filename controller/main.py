@@ -27,12 +27,13 @@ from typing import Any
 import click
 
 from azprobe import sdnotify
+from azprobe.address_file import format_host_port, write_address_file
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
 from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsError
 from azprobe.controller.agent_http import raise_file_limit
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
-from azprobe.controller.config import ControllerConfig, load_config, load_model_from
+from azprobe.controller.config import ControllerConfig, bound_advertise, load_config, load_model_from
 from azprobe.controller.controls import OperatorControls, parse_controls
 from azprobe.controller.detector import DetectorResult, ZoneSpikeDetectors
 from azprobe.controller.leader import LeaderElection, LeaderProbe
@@ -269,11 +270,15 @@ class Controller:
         self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety)
         log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, address_file: str | None = None) -> None:
         c = self.config.controller
         runner = await start_server(self.metrics, c.listen[0], c.listen[1], self.health)
-        log.info("controller %s serving /metrics on %s:%d, %d static agents", c.name, c.listen[0],
-                 bound_port(runner), len(self.config.agents.static))
+        port = bound_port(runner)
+        self.election.address = bound_advertise(c.advertise, port)  # listen port 0: the real one
+        log.info("controller %s serving /metrics on %s, %d static agents", c.name,
+                 format_host_port(c.listen[0], port), len(self.config.agents.static))
+        if address_file:
+            write_address_file(address_file, c.listen[0], port)
         # systemd Type=notify: READY once serving; WATCHDOG=1 only after a completed cycle.
         notifier = sdnotify.LoopNotifier(lambda: " ".join(f"{k}={v}" for k, v in self.health().items()),
                                          loop_interval_s=c.interval_s)
@@ -321,7 +326,7 @@ def agent_url(entry: Mapping[str, Any]) -> str:
     return f"http://{host}:{int(entry['ServicePort'])}"
 
 
-async def _main(config: ControllerConfig) -> None:
+async def _main(config: ControllerConfig, address_file: str | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -330,13 +335,15 @@ async def _main(config: ControllerConfig) -> None:
     # ExecReload sends SIGHUP, whose default action would end the daemon (cleanly, so
     # Restart=on-failure would not even restart it): reload what can change live instead.
     loop.add_signal_handler(signal.SIGHUP, controller.reload, config.path)
-    await controller.run(stop)
+    await controller.run(stop, address_file)
 
 
 @click.command("controller")
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="Controller config (TOML), see systemd/controller.toml.")
-def controller_command(config_path: str) -> None:
+@click.option("--address-file", default=None, type=click.Path(dir_okay=False),
+              help="Once serving, write the bound host:port here (for controller.listen port 0).")
+def controller_command(config_path: str, address_file: str | None) -> None:
     """Run the controller: pull agents' windows, decide weights, write them to Consul KV."""
     config = load_config(config_path)
     raise_file_limit()  # before the collector sizes its connection pool from the limit
@@ -346,4 +353,4 @@ def controller_command(config_path: str) -> None:
         logger = logging.getLogger(name)
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
-    asyncio.run(_main(config))
+    asyncio.run(_main(config, address_file))

@@ -16,3 +16,12 @@ def devconsul(tmp_path):
     fails. `.url`, `.host`, `.port`, `.request()`, `.parked_queries()`."""
     with DevConsul(data_dir=tmp_path / "devconsul") as dc:
         yield dc
+
+
+# --- prerequisites of the `kernel` and `lab` markers: skip locally, fail under CI=true ---
+from tests.helpers import marker_prerequisites  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test builds a lab or loads BPF
+def pytest_runtest_setup(item):
+    marker_prerequisites(m.name for m in item.iter_markers())

@@ -1,8 +1,9 @@
 """Run `azprobe controller` as a real subprocess for integration tests.
 
 ControllerProcess writes a TOML config, starts `python -m azprobe.cli controller
---config FILE` (what the `azprobe` console script runs), and gives tests its /healthz,
-/metrics and log. Always used as a context manager, so the process is killed even when
+--config FILE --address-file FILE` (what the `azprobe` console script runs) listening on
+127.0.0.1 port 0, and gives tests its /healthz, /metrics and log on the port the
+controller reports it bound (no free-port race). Always used as a context manager, so the process is killed even when
 the test fails.
 """
 
@@ -19,19 +20,20 @@ from typing import Any
 
 import consul
 
+from azprobe.address_file import read_address_file
 from azprobe.config import dump_toml
-from azprobe.dev.devconsul.testing import free_port
 from azprobe.contracts.weights import WeightsDoc, parse_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def controller_config(name: str, consul_url: str, agents: list[str], *, listen_port: int,
+def controller_config(name: str, consul_url: str, agents: list[str], *,
                       interval_s: float = 0.2, evaluation_window_s: float = 1.0, lock_delay_s: float = 1.0,
                       safety: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "controller": {"name": name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
-                       "listen": f"127.0.0.1:{listen_port}", "advertise": f"127.0.0.1:{listen_port}",
+                       # port 0: the kernel picks; advertise port 0 = the port bound
+                       "listen": "127.0.0.1:0", "advertise": "127.0.0.1:0",
                        "session_ttl_s": 10, "lock_delay_s": lock_delay_s},
         "consul": {"address": consul_url, "prefix": "azprobe/v1/"},
         "agents": {"static": agents, "pull_timeout_s": 0.5},
@@ -44,29 +46,42 @@ class ControllerProcess:
     def __init__(self, tmp_path: Path, config: dict[str, Any]) -> None:
         self.name = config["controller"]["name"]
         self.config = config
-        self.port = int(config["controller"]["listen"].rsplit(":", 1)[1])
         self.config_path = tmp_path / f"{self.name}.toml"
         self.log_path = tmp_path / f"{self.name}.log"
+        self.address_path = tmp_path / f"{self.name}.address"
+        self._port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
     def make(cls, tmp_path: Path, name: str, consul_url: str, agents: list[str], **kwargs: Any) -> "ControllerProcess":
-        return cls(tmp_path, controller_config(name, consul_url, agents, listen_port=free_port(), **kwargs))
+        return cls(tmp_path, controller_config(name, consul_url, agents, **kwargs))
 
     def start(self) -> "ControllerProcess":
         self.config_path.write_text(dump_toml(self.config))
+        self.address_path.unlink(missing_ok=True)  # a restart reports its own port
+        self._port = None
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "controller", "--config",
-                                      str(self.config_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                      str(self.config_path), "--address-file", str(self.address_path)],
+                                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         return self
+
+    @property
+    def port(self) -> int | None:
+        """The port the controller bound; None until it serves (tests poll get/healthz)."""
+        if self._port is None:
+            address = read_address_file(self.address_path)
+            self._port = address[1] if address else None
+        return self._port
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def get(self, path: str) -> bytes | None:
+        if self.port is None:
+            return None
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as resp:
                 return resp.read()

@@ -7,8 +7,9 @@ its own thread and loop, real HTTP on 127.0.0.1) serves many agents: agent KEY l
 Tests steer an agent directly: pause it (no new windows: stale), restart it (new boot_id,
 seq from 1), push garbage, fail its pulls with HTTP 500, or make it slow.
 
-`python -m tests.fakeagent --agents N --azs az-a,az-b,az-c` serves N generated agents and
-prints its port on stdout (the bench runs it as a separate process).
+`python -m tests.fakeagent --agents N --azs az-a,az-b,az-c --address-file F` serves N
+generated agents on port 0 and writes the bound host:port to F, like the daemons do (the
+bench runs it as a separate process).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from azprobe.address_file import write_address_file
 from azprobe.contracts.sketch import Histogram
 from azprobe.contracts.window import PathStats, Utilisation, Window
 
@@ -68,6 +70,7 @@ class FakeAgent:
         self.paused = False  # True: answers pulls but makes no new windows (stale)
         self.fail_status = 0  # non-zero: answer every pull with this HTTP status
         self.delay_s = 0.0  # answer this late (a slow agent)
+        self.held = 0  # pulls being held back by delay_s right now
         self.pulls = 0
         self.lock = threading.Lock()
 
@@ -141,10 +144,13 @@ class FakeAgentServer:
         if agent is None:
             return web.json_response({"error": "no such agent"}, status=404)
         if agent.delay_s:
+            agent.held += 1
             try:  # a slow agent, but one that does not hold up the server's shutdown
                 await asyncio.wait_for(self._stopping.wait(), agent.delay_s)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                agent.held -= 1
         if agent.fail_status:
             return web.Response(status=agent.fail_status, text="injected failure")
         try:
@@ -277,13 +283,13 @@ class _BulkProtocol(asyncio.Protocol):
                                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int) -> None:
+def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int, address_file: str) -> None:
     _BulkProtocol.bulk = _BulkAgents(n, azs, interval_s, attempts)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(_BulkProtocol, "127.0.0.1", 0, backlog=8192)
-        print(server.sockets[0].getsockname()[1], flush=True)
+        write_address_file(address_file, "127.0.0.1", server.sockets[0].getsockname()[1])
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -295,8 +301,9 @@ if __name__ == "__main__":
     parser.add_argument("--azs", default="az-a,az-b,az-c")
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--attempts", type=int, default=50)
+    parser.add_argument("--address-file", required=True, help="where to write the bound host:port")
     args = parser.parse_args()
     try:
-        _serve_bulk(args.agents, args.azs.split(","), args.interval, args.attempts)
+        _serve_bulk(args.agents, args.azs.split(","), args.interval, args.attempts, args.address_file)
     except KeyboardInterrupt:
         sys.exit(0)

@@ -3,9 +3,15 @@ by sleeping a fixed time (a loaded 2-core box makes fixed sleeps flaky)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -46,3 +52,74 @@ def sample_weights_doc(generation: int = 1, shares: dict[str, int] | None = None
              for az, share in shares.items()}
     return WeightsDoc(generation=generation, generated_at=now, expires_at=now + ttl_s, leader="ctl-test",
                       model="default", state="ok", zones=zones, source_az=source_az)
+
+
+# --- prerequisites: skip on a developer's box, FAIL under CI -----------------------------
+# CI runs `make test` as root with CI=true: there a missing prerequisite means the CI
+# machine is broken, and a skip would pass the run without testing the kernel or the lab.
+
+def in_ci(environ: dict[str, str] | None = None) -> bool:
+    value = (os.environ if environ is None else environ).get("CI", "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def require(ok: bool, missing: str, fix: str) -> None:
+    """A test's prerequisite: skipped outside CI, a failure under CI, naming what is missing
+    and how to fix it (e.g. require(os.geteuid() == 0, "needs root", "run make test as root"))."""
+    if ok:
+        return
+    message = f"missing prerequisite: {missing}; {fix}"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: a missing prerequisite fails, it does not skip)", pytrace=False)
+    pytest.skip(message)
+
+
+def require_root(why: str) -> None:
+    require(os.geteuid() == 0, f"needs root ({why})", "run make test as root")
+
+
+def require_tools(*tools: str) -> None:
+    absent = [t for t in tools if shutil.which(t) is None]
+    require(not absent, f"{', '.join(absent)} not on PATH", "run `make setup` (scripts/setup-host.sh installs them)")
+
+
+def marker_prerequisites(markers: Iterable[str]) -> None:
+    """What the `kernel` and `lab` markers promise (pyproject.toml), checked before a test
+    runs: the kernel tests need what the agent itself checks before loading BPF (root,
+    BTF, tracefs, the tracepoints, bcc, kernel headers), the lab tests need root and the
+    network tools."""
+    names = set(markers)
+    if "kernel" in names:
+        from azprobe.agent.probe import check_prerequisites
+        from azprobe.errors import PrerequisiteError
+
+        try:
+            check_prerequisites()
+        except PrerequisiteError as exc:
+            require(False, f"the kernel tests need BPF: {exc}", "run make test as root on a BTF kernel")
+    if "lab" in names:
+        require_root("the lab builds network namespaces")
+        require_tools("ip", "nft")
+
+
+# --- children on port 0 ----------------------------------------------------------------
+# A child daemon listens on port 0 and writes the port it got to --address-file
+# (azprobe.address_file); never "find a free port, close it, start the child on it".
+
+def child_url(address_file, proc, timeout: float = 90.0) -> str:
+    """http://host:port of a child started with --address-file, once it serves."""
+    from azprobe.address_file import format_host_port, wait_for_address_file
+
+    address = wait_for_address_file(address_file, alive=lambda: proc.poll() is None, timeout_s=timeout)
+    assert address is not None, (f"{proc.args[:6]} wrote no address to {address_file} within {timeout}s "
+                                 f"(exit code {proc.poll()})")
+    return f"http://{format_host_port(*address)}"
+
+
+@contextlib.contextmanager
+def refused_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port on which connects are refused for the whole block: bound but never listening,
+    so no other process can take it meanwhile (a closed "free" port could be reused)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        yield sock.getsockname()[1]

@@ -75,7 +75,7 @@ def test_slow_and_dead_agents_never_stall_the_cycle():
     good = FakeAgent("good", "az-a", [PathSpec(dst="az-b")])
     slow = FakeAgent("slow", "az-a", [PathSpec(dst="az-b")])
     broken = FakeAgent("broken", "az-b", [PathSpec(dst="az-a")])
-    slow.delay_s = 5.0
+    slow.delay_s = 120.0  # held until the server stops (a cycle that waited would see it answer)
     broken.fail_status = 500
     with FakeAgentServer() as server:
         urls = [server.add("good", good), server.add("slow", slow), server.add("broken", broken)]
@@ -85,11 +85,10 @@ def test_slow_and_dead_agents_never_stall_the_cycle():
         async def scenario() -> None:
             for agent in (good, slow, broken):
                 agent.emit()
-            started = time.monotonic()
             result = await collector.pull_all()
-            elapsed = time.monotonic() - started
-            # Bounded by the per-request timeout (0.3 s), far below the slow agent's 5 s.
-            assert elapsed < 2.0, elapsed
+            # The cycle ended while the slow agent still held its answer back: it gave up at
+            # the per-request timeout instead of waiting (an ordering, not a stopwatch).
+            assert slow.held == 1
             assert result.ingested == 1 and result.failed == 3
             states = {c.target.url.rsplit("/", 1)[1]: c.state(time.monotonic(), 5.0)
                       for c in collector.cursors.values()}

@@ -42,7 +42,10 @@ def test_consul_outage_keeps_running_and_resumes(devconsul, tmp_path):
             assert ctl.running and health is not None and health["consul_up"] is False
             assert health["leader"] is False  # cannot prove it holds the lock: stepped down
             time.sleep(0.2)  # pacing the observation loop, not synchronising
-        assert ctl.metric("azprobe_controller_cycle_seconds_count") >= cycles + 30
+        # Still cycling without Consul: a count to reach, not a rate (a slow box only takes longer).
+        wait_for(lambda: ctl.metric("azprobe_controller_cycle_seconds_count") >= cycles + 30, timeout=60,
+                 message="30 cycles during the outage")
+        assert ctl.healthz()["consul_up"] is False
         assert ctl.metric("azprobe_controller_agents", state="up") == 4
 
         devconsul.start()

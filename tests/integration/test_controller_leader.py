@@ -5,7 +5,6 @@ write is rejected by the txn; a lost session steps down and re-acquires."""
 
 from __future__ import annotations
 
-import time
 
 import consul
 import pytest
@@ -96,9 +95,11 @@ def test_controller_steps_down_on_409(devconsul, caplog):
 
 
 def test_two_controllers_one_leader_and_failover_after_sigkill(devconsul, tmp_path):
-    """Exactly one leader; SIGKILL it and the standby writes within lock-delay + 2 s: it
-    finds the leader's advertised /healthz silent, invalidates the dead session (Consul
-    alone would keep it for 2 x TTL = 20 s), and takes the lock after the lock-delay."""
+    """Exactly one leader; SIGKILL it and the standby takes over without waiting for the
+    dead session's TTL: it finds the leader's advertised /healthz silent, invalidates the
+    dead session (Consul alone would keep it for 2 x TTL = 20 s), and takes the lock after
+    the lock-delay. (How long that takes is a figure: bench/loop.py --scenario
+    controller-failover; here only the order of events is asserted.)"""
     client = consul.Consul(host=devconsul.host, port=devconsul.port)
     server = FakeAgentServer(interval_s=0.2)
     for key, agent in zone_agents(["az-a", "az-b"], 2).items():
@@ -125,21 +126,21 @@ def test_two_controllers_one_leader_and_failover_after_sigkill(devconsul, tmp_pa
             assert leader_holder(client)["session"] == holder["session"]
             before = read_weights(client).generation
 
-            killed_at = time.monotonic()
             leader.kill()
             doc = wait_for(lambda: (d := read_weights(client)) is not None and d.leader == standby.name and d,
                            timeout=2 * SESSION_TTL_S + LOCK_DELAY_S + 10, interval=0.02,
                            message="the standby writes")
-            written_at = time.monotonic()
-            print(f"failover: standby wrote {written_at - killed_at:.2f}s after SIGKILL (lock-delay {LOCK_DELAY_S}s)")
-            assert written_at - killed_at <= LOCK_DELAY_S + 2.0, \
-                f"took {written_at - killed_at:.2f}s after SIGKILL (lock-delay {LOCK_DELAY_S}s + 2s)"
             assert doc.generation > before
             # Warm start: its first document already rests on evidence it pulled as a standby.
             assert all(z.samples >= 20 and z.state == "ok" for z in doc.zones.values())
             assert standby.healthz()["leader"] is True
+            # The order of events: the standby destroyed the dead leader's session while it
+            # still held the lock (a session expired by its TTL holds no lock, so there
+            # would be nobody to probe), then won the election.
             log = standby.log()
-            assert "did not answer 3 probes in a row" in log and "became leader" in log
+            deposed = log.find(f"leader {leader.name!r} at 127.0.0.1:{leader.port} did not answer 3 probes in a row")
+            assert deposed >= 0, log
+            assert log.find("became leader", deposed) > deposed, log
 
 
 def test_probe_deposes_only_a_silent_leader(devconsul):

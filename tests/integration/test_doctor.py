@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.dev.devconsul.testing import DevConsul, free_port
+from azprobe.dev.devconsul.testing import DevConsul
+from tests.helpers import refused_port, require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,8 +64,7 @@ def controller_config(tmp_path: Path, address: str, agents: list[str], token_fil
 
 # --- agent role: this machine ---------------------------------------------------------
 
-@pytest.mark.kernel
-@pytest.mark.skipif(os.geteuid() != 0, reason="the BCC test compile needs root")
+@pytest.mark.kernel  # root, BTF, tracefs, bcc: the conftest checks them (fails under CI)
 def test_agent_role_passes_on_this_machine(tmp_path):
     config = tmp_path / "agent.toml"
     config.write_text('[node]\naz = "az-a"\n[topology]\naz-a = ["198.18.1.0/24"]\n')
@@ -81,8 +81,8 @@ def test_agent_role_passes_on_this_machine(tmp_path):
 
 
 @pytest.mark.kernel
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop capabilities with setpriv")
 def test_agent_role_without_bpf_capabilities_fails_with_the_fix():
+    require_tools("setpriv")
     # The same host, with the capabilities the unit grants taken away.
     result = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
                              sys.executable, "-m", "azprobe.cli", "doctor", "--role", "agent"],
@@ -108,9 +108,10 @@ def test_unknown_role_is_exit_2():
 # --- controller role: Consul ------------------------------------------------------------
 
 def test_controller_role_passes_against_devconsul(devconsul, tmp_path, live_agent_url):
-    dead_agent = f"http://127.0.0.1:{free_port()}"
-    config = controller_config(tmp_path, devconsul.url, [live_agent_url, dead_agent])
-    result = doctor("--role", "controller", "--config", config, "--json")
+    with refused_port() as port:
+        dead_agent = f"http://127.0.0.1:{port}"
+        config = controller_config(tmp_path, devconsul.url, [live_agent_url, dead_agent])
+        result = doctor("--role", "controller", "--config", config, "--json")
     report = json.loads(result.stdout)
     checks = by_name(report)
     assert result.returncode == 0, result.stdout
@@ -128,8 +129,9 @@ def test_controller_role_passes_against_devconsul(devconsul, tmp_path, live_agen
 
 
 def test_wrong_consul_address_fails_with_the_fix(tmp_path, live_agent_url):
-    config = controller_config(tmp_path, f"http://127.0.0.1:{free_port()}", [live_agent_url])
-    result = doctor("--role", "controller", "--config", config)
+    with refused_port() as port:
+        config = controller_config(tmp_path, f"http://127.0.0.1:{port}", [live_agent_url])
+        result = doctor("--role", "controller", "--config", config)
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     failed = next(i for i, line in enumerate(lines) if line.startswith("✗ consul.reachable"))
@@ -138,8 +140,9 @@ def test_wrong_consul_address_fails_with_the_fix(tmp_path, live_agent_url):
 
 
 def test_all_agents_down_is_a_failure(devconsul, tmp_path):
-    config = controller_config(tmp_path, devconsul.url, [f"http://127.0.0.1:{free_port()}"])
-    result = doctor("--role", "controller", "--config", config, "--json")
+    with refused_port() as port:
+        config = controller_config(tmp_path, devconsul.url, [f"http://127.0.0.1:{port}"])
+        result = doctor("--role", "controller", "--config", config, "--json")
     assert result.returncode == 1
     assert by_name(json.loads(result.stdout))["agents"]["status"] == "fail"
 

@@ -4,7 +4,6 @@ nft counters the lab reports as ground truth."""
 
 from __future__ import annotations
 
-import os
 import statistics
 
 import pytest
@@ -13,7 +12,7 @@ from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name
 from azprobe.dev.lab.netns import pid_alive
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")]
+pytestmark = pytest.mark.lab  # root and the network tools: checked by the conftest (fails under CI)
 
 DELAY_MS = 50.0
 
@@ -51,8 +50,8 @@ def test_delay_is_one_way_toward_one_az(clean):
     expected = baseline["az-b"] + DELAY_MS
     assert abs(delayed["az-b"] - expected) <= 0.1 * expected, (baseline, delayed)
     for az in ("az-a", "az-c"):
-        # Generous bound for a loaded box; a misplaced 50 ms delay would still fail it.
-        assert delayed[az] < baseline[az] + 5.0, (az, baseline, delayed)
+        # Relative to the fault, not a stopwatch: a misplaced delay would add all of it.
+        assert delayed[az] < baseline[az] + DELAY_MS / 2, (az, baseline, delayed)
     # The replies are not delayed: only the SYNs toward az-b went through the delay line.
     assert lab.counters("az-b")["delay"] >= 15
     assert lab.counters("az-a")["delay"] == 0
@@ -60,13 +59,14 @@ def test_delay_is_one_way_toward_one_az(clean):
 
 def test_clear_stops_the_delay_line(clean):
     lab = clean
-    lab.fault("az-c", delay_ms=20)
+    baseline = _median_connect_ms(lab, "az-c")
+    lab.fault("az-c", delay_ms=DELAY_MS)
     pid = lab.status()["delay_lines"]["az-c"]["pid"]
     assert pid_alive(pid)
     lab.clear("az-c")
     assert not pid_alive(pid)
     assert "NFQUEUE" not in lab.exec(lab.router_ns, ["iptables", "-S", "FORWARD"]).stdout
-    assert _median_connect_ms(lab, "az-c") < 20.0
+    assert _median_connect_ms(lab, "az-c") < baseline + DELAY_MS / 2  # the delay is gone
 
 
 def test_syn_loss_counts_exactly_the_dropped_syns(clean):
@@ -132,7 +132,7 @@ def test_ipv6_delay_and_refuse(tmp_path):
         lab.fault("az-b", delay_ms=DELAY_MS)
         delayed = _median_connect_ms(lab, "az-b", ipv6=True)
         assert abs(delayed - (baseline + DELAY_MS)) <= 0.1 * (baseline + DELAY_MS)
-        assert _median_connect_ms(lab, "az-a", ipv6=True) < 5.0 + baseline
+        assert _median_connect_ms(lab, "az-a", ipv6=True) < baseline + DELAY_MS / 2  # az-a not delayed
         lab.fault("az-b", refuse=True)
         before = lab.counters("az-b")["refuse"]
         assert lab.connect_probe("az-a", "az-b", count=2, ipv6=True).refused == 2

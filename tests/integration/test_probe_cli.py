@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import child_url, refused_port, wait_for
 
 AZPROBE = [sys.executable, "-m", "azprobe.cli"]
 GOOD = """
@@ -71,12 +71,6 @@ def test_not_root_exits_1_naming_the_prerequisite():
         "azprobe: not root: loading BPF needs root (CAP_BPF, CAP_PERFMON); run the agent as root"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> dict:
     return json.load(urllib.request.urlopen(url, timeout=2))
 
@@ -86,8 +80,11 @@ def _healthy(url: str) -> bool:
         return resp.status == 200
 
 
-def _start_agent(cfg: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([*AZPROBE, "-v", "agent", "--config", str(cfg), "--listen", f"127.0.0.1:{port}"],
+def _start_agent(cfg: Path, address_file: Path) -> subprocess.Popen:
+    """An agent on 127.0.0.1 port 0, reporting the port it got in address_file."""
+    address_file.unlink(missing_ok=True)
+    return subprocess.Popen([*AZPROBE, "-v", "agent", "--config", str(cfg), "--listen", "127.0.0.1:0",
+                             "--address-file", str(address_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -106,10 +103,10 @@ def _stop(proc: subprocess.Popen) -> tuple[int, str]:
 def test_sighup_reload_and_restart_gives_new_boot_id(tmp_path):
     cfg = tmp_path / "agent.toml"
     cfg.write_text(GOOD)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = _start_agent(cfg, port)
+    address_file = tmp_path / "agent.address"
+    proc = _start_agent(cfg, address_file)
     try:
+        url = child_url(address_file, proc)
         wait_for(lambda: _healthy(url), timeout=20, message="agent healthy")
         first = wait_for(lambda: _get(f"{url}/v1/windows?after=0")["windows"] and _get(f"{url}/v1/windows?after=0"),
                          timeout=5, message="first window")
@@ -117,19 +114,17 @@ def test_sighup_reload_and_restart_gives_new_boot_id(tmp_path):
         # SIGHUP with az-c added: a refused connect to it lands on az-a -> az-c.
         cfg.write_text(GOOD + 'az-c = ["127.0.0.4/32"]\n')
         proc.send_signal(signal.SIGHUP)
-        closed = socket.socket()
-        closed.bind(("127.0.0.4", 0))
-        port_c = closed.getsockname()[1]
-        closed.close()
 
-        def refused_on_az_c() -> bool:
+        def refused_on_az_c(port_c: int) -> bool:
             with socket.socket() as s:
                 s.bind(("127.0.0.2", 0))
                 assert s.connect_ex(("127.0.0.4", port_c)) != 0
             windows = _get(f"{url}/v1/windows?after=0")["windows"]
             return any(p["dst"] == "az-c" and p["conn_refused"] for w in windows for p in w["paths"])
 
-        wait_for(refused_on_az_c, timeout=10, interval=0.3, message="refusal on az-a -> az-c after SIGHUP")
+        with refused_port("127.0.0.4") as port_c:
+            wait_for(lambda: refused_on_az_c(port_c), timeout=10, interval=0.3,
+                     message="refusal on az-a -> az-c after SIGHUP")
         # A bad file on SIGHUP: one error line, the agent keeps running.
         cfg.write_text(GOOD + 'az-c = ["bad"]\n')
         proc.send_signal(signal.SIGHUP)
@@ -145,8 +140,9 @@ def test_sighup_reload_and_restart_gives_new_boot_id(tmp_path):
     assert code == 0, err
     assert sum("reload of" in line and "keeping the old topology" in line for line in err.splitlines()) == 1
     cfg.write_text(GOOD)
-    proc = _start_agent(cfg, port)
+    proc = _start_agent(cfg, address_file)
     try:
+        url = child_url(address_file, proc)
         wait_for(lambda: _healthy(url), timeout=20, message="restarted agent healthy")
         doc = wait_for(lambda: _get(f"{url}/v1/windows?after=0")["windows"] and _get(f"{url}/v1/windows?after=0"),
                        timeout=5, message="first window after restart")

@@ -22,19 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from azprobe.address_file import format_host_port, read_address_file
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.kernel,
-              pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF needs root")]
+pytestmark = pytest.mark.kernel  # loads BPF: root etc., checked by the conftest (fails under CI)
 
 WATCHDOG_USEC = 1_000_000  # 1 s: a ping at most every 0.5 s
 INTERVAL_S = 0.2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthz(url: str) -> int:
@@ -72,21 +66,22 @@ class NotifyListener:
 
 @pytest.fixture
 def agent_under_notify(tmp_path):
-    port = free_port()
     config = tmp_path / "agent.toml"
     config.write_text(
         f'[node]\nname = "notify-test"\naz = "az-a"\n'
-        f'[agent]\nlisten = "127.0.0.1:{port}"\ninterval_s = {INTERVAL_S}\nring_size = 50\n'
+        f'[agent]\nlisten = "127.0.0.1:0"\ninterval_s = {INTERVAL_S}\nring_size = 50\n'
         f'[topology]\naz-a = ["127.0.0.0/8"]\n')
     listener = NotifyListener(tmp_path / "notify.sock")
     stall = tmp_path / "stall"
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
            "WATCHDOG_USEC": str(WATCHDOG_USEC), "AZPROBE_TEST_STALL_FILE": str(stall)}
     env.pop("WATCHDOG_PID", None)
-    proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config)],
+    address_file = tmp_path / "agent.address"
+    proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config),
+                             "--address-file", str(address_file)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        yield proc, listener, f"http://127.0.0.1:{port}", stall
+        yield proc, listener, address_file, stall
     finally:
         stall.unlink(missing_ok=True)
         if proc.poll() is None:
@@ -97,13 +92,16 @@ def agent_under_notify(tmp_path):
 
 
 def test_agent_notify_ready_watchdog_and_stall(agent_under_notify):
-    proc, listener, url, stall = agent_under_notify
+    proc, listener, address_file, stall = agent_under_notify
 
     # READY=1 only once the probe is loaded and HTTP serves: /healthz must answer the
     # moment READY is seen, and READY is the first thing the agent says.
     wait_for(lambda: proc.poll() is not None or listener.count("READY"), timeout=90,
              message="READY=1 from the agent")
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    address = read_address_file(address_file)  # written before READY: serving on the port it reports
+    assert address is not None
+    url = f"http://{format_host_port(*address)}"
     assert healthz(url) == 200
     first = listener.received[0][1]
     assert first.get("READY") == "1" and "serving" in first.get("STATUS", "")

@@ -8,6 +8,7 @@ import pytest
 
 from azprobe import bpf
 from azprobe.contracts.sketch import MAX_VALUE_BITS, NUM_BUCKETS, bucket_index
+from tests.helpers import require
 
 PROGRAM = r"""
 #include <stdio.h>
@@ -25,8 +26,7 @@ int main(void) {
 @pytest.fixture(scope="module")
 def bucket_binary(tmp_path_factory):
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler")
+    require(cc is not None, "no C compiler (cc, gcc or clang)", "apt-get install gcc")
     d = tmp_path_factory.mktemp("bucket")
     (d / "main.c").write_text(PROGRAM)
     subprocess.run([cc, "-O2", f"-I{bpf.source_dir()}", "-o", str(d / "bucket"), str(d / "main.c")], check=True)

@@ -10,9 +10,9 @@ from azprobe.config import dump_toml
 
 
 def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float | None = None) -> str:
-    """The lab's agent config with our own listen address (a free loopback port, so the
-    demo never collides with an agent already running on the default port) and,
-    optionally, a shorter window interval."""
+    """The lab's agent config with our own listen address (loopback port 0, reported with
+    --address-file, so the demo never collides with an agent already running on the
+    default port) and, optionally, a shorter window interval."""
     tables = {name: dict(table) for name, table in doc.items()}
     tables.setdefault("agent", {})["listen"] = listen
     if interval_s is not None:
@@ -28,7 +28,7 @@ class ControllerPlan:
     """What differs between the demo's controllers: everything else is the drill's."""
 
     name: str
-    listen: str  # host:port for /metrics and /healthz
+    listen: str = "127.0.0.1:0"  # /metrics and /healthz; port 0 is advertised as the port bound
 
 
 def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, agent_urls: Sequence[str],

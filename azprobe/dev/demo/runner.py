@@ -1,8 +1,8 @@
 """Orchestration of the closed loop: lab, devconsul, agent, controllers, a fault drill.
 
 Two layers, so tests can share the expensive part:
-- `LoopStack` (context manager): lab up with traffic, devconsul on a free port, one agent
-  on the lab's config. One agent sees every namespace (the tracepoints are global) and
+- `LoopStack` (context manager): lab up with traffic, devconsul and one agent on the
+  lab's config, both on loopback port 0 (each reports the port it bound). One agent sees every namespace (the tracepoints are global) and
   attributes paths by address, so it stands in for a node in every AZ.
 - `run_drill(stack, scenario)`: fresh controllers on a fresh KV prefix, a blocking watch
   recording every generation, the scenario's fault timeline, recovery, figures.
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from azprobe.address_file import format_host_port, wait_for_address_file
 from azprobe.dev.demo import DEMO_LAB_NAME
 from azprobe.dev.demo.configs import ControllerPlan, agent_config_for_demo, controller_config
 from azprobe.dev.demo.metrics import DrillMetrics, FaultEvent, KvSample, compute_metrics
@@ -36,7 +37,6 @@ from azprobe.dev.demo.recorder import KvRecorder, LeaderRecorder
 from azprobe.dev.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
 from azprobe.dev.demo.view import ViewState, zone_rows
 from azprobe.top import summarise
-from azprobe.dev.devconsul.testing import free_port
 from azprobe.errors import PrerequisiteError
 from azprobe.contracts.window import Window, WindowError, parse_window
 
@@ -195,17 +195,23 @@ class LoopStack:
 
     def _agent_up(self) -> None:
         lab_config = tomllib.loads(Path(self.lab.agent_config_path).read_text())
-        port = free_port()
         config = self.work_dir / "agent.toml"
-        config.write_text(agent_config_for_demo(lab_config, f"127.0.0.1:{port}", interval_s=AGENT_INTERVAL_S))
-        self.agent = ManagedProcess("agent", azprobe_argv("agent", "--config", str(config)),
+        config.write_text(agent_config_for_demo(lab_config, "127.0.0.1:0", interval_s=AGENT_INTERVAL_S))
+        address_file = self.work_dir / "agent.address"
+        address_file.unlink(missing_ok=True)
+        self.agent = ManagedProcess("agent", azprobe_argv("agent", "--config", str(config),
+                                                          "--address-file", str(address_file)),
                                     self.work_dir / "agent.log")
         self._exit.callback(self.agent.stop)  # before start(): an interrupt right after it is covered
         self.agent.start()
-        self.agent_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        address = wait_for_address_file(address_file, alive=self.agent.alive, timeout_s=60)
+        if address is None:
+            self.agent.check_alive()
+            raise PrerequisiteError(f"the agent reported no listen address within 60 s; see {self.agent.log_path}")
+        self.agent_url = f"http://{format_host_port(*address)}"
         poller = AgentPoller(self.agent_url)
         # Ready = the probe is loaded and a window already shows lab traffic.
-        deadline = time.monotonic() + 60
         while not any(p.dst in self.azs and p.conn_attempts for w in poller.recent for p in w.paths):
             self.agent.check_alive()
             if time.monotonic() > deadline:
@@ -273,7 +279,7 @@ def stop_strays(work_dir: Path) -> None:
 def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: float | None) -> None:
     stack, scenario = drill.stack, drill.scenario
     for i in range(1, scenario.controllers + 1):
-        plan = ControllerPlan(name=f"ctl-{i}", listen=f"127.0.0.1:{free_port()}")
+        plan = ControllerPlan(name=f"ctl-{i}")  # loopback port 0: nothing here needs its address
         path = stack.work_dir / f"{drill.prefix.strip('/').replace('/', '-')}-{plan.name}.toml"
         path.write_text(controller_config(
             plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=[stack.agent_url],

@@ -11,6 +11,7 @@ import sys
 import click
 from aiohttp import web
 
+from azprobe.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
 from azprobe.errors import AzprobeError, ConfigError
 
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir: str | None,
-                acl_master_token: str | None) -> None:
+                acl_master_token: str | None, address_file: str | None = None) -> None:
     from azprobe.dev.devconsul.http import build_app
     from azprobe.dev.devconsul.server import DevConsulServer
 
@@ -42,10 +43,13 @@ async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir:
         reason = (exc.strerror or str(exc)).rsplit(": ", 1)[-1]
         raise ConfigError("--http-addr", f"cannot listen on {host}:{port}: {reason}",
                           "pick a free port, e.g. --http-addr 127.0.0.1:18500") from None
-    print(f"devconsul: serving Consul HTTP API on http://{host}:{port} "
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # the real one for port 0
+    print(f"devconsul: serving Consul HTTP API on http://{format_host_port(host, port)} "
           f"(node {node_name}, dc {datacenter}, index {server.store.index}, "
           f"acl {'on' if server.acl.enabled else 'off'}, data-dir {data_dir or 'none (in memory)'})",
           flush=True)
+    if address_file:
+        write_address_file(address_file, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -57,22 +61,26 @@ async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir:
 
 
 @click.command("devconsul")
-@click.option("--http-addr", default="127.0.0.1:8500", show_default=True, help="host:port to serve the HTTP API on.")
+@click.option("--http-addr", default="127.0.0.1:8500", show_default=True,
+              help="host:port to serve the HTTP API on (port 0: any free port).")
+@click.option("--address-file", default=None, type=click.Path(dir_okay=False),
+              help="Once serving, write the bound host:port here (for --http-addr port 0).")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False),
               help="Keep state here (write-ahead log + snapshot); default: in memory only.")
 @click.option("--acl-master-token", default=None, envvar="DEVCONSUL_ACL_MASTER_TOKEN",
               help="Enable ACLs (default deny) with this management token.")
 @click.option("--node-name", default=None, help="This node's name in the catalog [default: hostname].")
 @click.option("--datacenter", default="dc1", show_default=True, help="Datacenter name.")
-def devconsul_command(http_addr: str, data_dir: str | None, acl_master_token: str | None,
-                      node_name: str | None, datacenter: str) -> None:
+def devconsul_command(http_addr: str, address_file: str | None, data_dir: str | None,
+                      acl_master_token: str | None, node_name: str | None, datacenter: str) -> None:
     """Embedded server speaking Consul's HTTP API (KV, txn, sessions, status, catalog)."""
-    host, port = parse_host_port(http_addr, "--http-addr")
+    host, port = parse_host_port(http_addr, "--http-addr", listen=True)
     if acl_master_token is not None and not acl_master_token.strip():
         raise ConfigError("--acl-master-token", "is empty", "give a non-empty token or leave the flag out")
     if not datacenter or not datacenter.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("--datacenter", f"{datacenter!r} is not a valid name", "use letters, digits, - and _")
-    asyncio.run(serve(host, port, node_name or socket.gethostname(), datacenter, data_dir, acl_master_token))
+    asyncio.run(serve(host, port, node_name or socket.gethostname(), datacenter, data_dir, acl_master_token,
+                      address_file))
 
 
 def main() -> None:

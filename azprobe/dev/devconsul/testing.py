@@ -4,9 +4,11 @@
         consul.Consul(host=dc.host, port=dc.port)
         dc.kill(); dc.start()          # crash + restart on the same port and data dir
 
-It starts `python -m azprobe.dev.devconsul` (exactly what `azprobe devconsul` runs) on a free
-127.0.0.1 port and returns once /v1/status/leader answers, so a test never races the
-server's startup.
+It starts `python -m azprobe.dev.devconsul` (exactly what `azprobe devconsul` runs) on
+127.0.0.1 port 0, reads the port the server bound from its --address-file (no free-port
+race with other processes) and returns once /v1/status/leader answers, so a test never
+races the server's startup. A restart (`start()` after `kill()`) asks for the same port
+again, as a restarted Consul would listen where its clients expect it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,11 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from azprobe.address_file import wait_for_address_file
 
 
 class DevConsul:
@@ -37,13 +34,14 @@ class DevConsul:
                  port: int | None = None, node_name: str = "devconsul-test",
                  start_timeout: float = 15.0) -> None:
         self.host = "127.0.0.1"
-        self.port = port or free_port()
+        self.port = port or 0  # 0 until the first start() learns the bound port
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.acl_master_token = acl_master_token
         self.node_name = node_name
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
+        self._address_path: Path | None = None
 
     @property
     def url(self) -> str:
@@ -61,6 +59,8 @@ class DevConsul:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "azprobe.dev.devconsul", "--http-addr", self.http_addr,
                "--node-name", self.node_name]
+        if self._address_path is not None:
+            cmd += ["--address-file", str(self._address_path)]
         if self.data_dir is not None:
             cmd += ["--data-dir", str(self.data_dir)]
         if self.acl_master_token:
@@ -70,14 +70,24 @@ class DevConsul:
     def start(self) -> "DevConsul":
         if self.proc is not None and self.proc.poll() is None:
             return self
-        log_fd, log_name = _tempfile()
-        self._log_path = Path(log_name)
+        if self._log_path is None:
+            log_fd, log_name = _tempfile()
+            self._log_path = Path(log_name)
+        else:  # a restart appends to the same log, so close() removes all of it
+            log_fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND)
+        self._address_path = self._log_path.with_suffix(".address")
+        self._address_path.unlink(missing_ok=True)
         env = dict(os.environ)
         env.pop("CONSUL_HTTP_TOKEN", None)
         self.proc = subprocess.Popen(self.command(), stdout=log_fd, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env)
         os.close(log_fd)
         deadline = time.monotonic() + self.start_timeout
+        proc = self.proc
+        address = wait_for_address_file(self._address_path, alive=lambda: proc.poll() is None,
+                                        timeout_s=self.start_timeout)
+        if address is not None:
+            self.port = address[1]
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"devconsul exited with {self.proc.returncode}: {self.output()}")
@@ -138,8 +148,9 @@ class DevConsul:
 
     def close(self) -> None:
         self.kill()
-        if self._log_path is not None:
-            self._log_path.unlink(missing_ok=True)
+        for path in (self._log_path, self._address_path):
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def __enter__(self) -> "DevConsul":
         return self.start()
