@@ -8,7 +8,12 @@ a seq we already hold is a duplicate and ignored; a window that fails parse_wind
 garbage: counted and ignored. Pulls run concurrently with a per-request timeout and a
 cycle budget, so a slow or dead agent costs one timeout, never the cycle.
 
-The store keeps the windows of the evaluation window, keyed (agent, boot_id, seq), and
+Identity (docs/quorum.md): an agent is its `node` name. The store keeps at most one
+window per (node, end): the same node reached by two URLs, or an agent replaying its
+ring under a new boot_id every pull, adds nothing the second time. Every window passes
+the controller's topology filter (controller/topology.py) before it is stored.
+
+The store keeps the windows of the evaluation window, keyed (node, end), and
 stamps each with the controller's clock *shifted by the window's age on the agent's own
 clock*: agent clocks may be skewed, and a backlog a new leader reads from a ring must not
 count as fresh.
@@ -26,8 +31,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
+from azprobe.contracts.window import OTHER_AZ, PathStats, Utilisation, Window, WindowError, parse_window, printable
 from azprobe.controller.agent_http import AgentHttpClient, Endpoint
+from azprobe.controller.merge import Aggregate
+from azprobe.controller.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +113,25 @@ class StoredWindow:
 class _Slot:
     """The windows that arrived in one time slot, pre-combined per agent AZ."""
 
-    __slots__ = ("paths", "utils", "start", "end")
+    __slots__ = ("paths", "utils", "nodes", "start", "end")
 
     def __init__(self) -> None:
         self.paths: dict[str, dict[tuple[str, str], PathStats]] = {}  # agent AZ -> path -> sums
         self.utils: dict[str, dict[str, list[float]]] = {}  # agent AZ -> node -> [cpu sum, mem sum, n]
+        self.nodes: dict[str, tuple[str, dict[str, Aggregate]]] = {}  # node -> (its AZ, dst -> sums)
         self.start = math.inf
         self.end = -math.inf
 
     def add(self, window: Window) -> None:
+        own = self.nodes.get(window.node)
+        if own is None or own[0] != window.az:
+            own = self.nodes[window.node] = (window.az, own[1] if own else {})
+        for p in window.paths:
+            if p.dst != OTHER_AZ:
+                agg = own[1].get(p.dst)
+                if agg is None:
+                    agg = own[1][p.dst] = Aggregate()
+                agg.merge(p)
         paths = self.paths.setdefault(window.az, {})
         for p in window.paths:
             key = (p.src, p.dst)
@@ -162,16 +179,18 @@ class WindowStore:
         self.horizon_s = horizon_s
         self.slot_s = slot_s if slot_s else max(horizon_s / 5, 0.01)
         self._heap: list[tuple[float, int, str, Window]] = []  # (at, tiebreak, agent, window)
-        self._keys: set[tuple[str, str, int]] = set()
+        self._keys: set[tuple[str, float]] = set()  # (node, end): one window per end per node
+        self.agent_node: dict[str, str] = {}  # agent URL -> the node it spoke for last
         self._slots: dict[int, _Slot] = {}
         self._tiebreak = 0
         self.newest_at: float | None = None
 
     def add(self, agent: str, window: Window, at: float) -> bool:
-        key = (agent, window.boot_id, window.seq)
+        key = (window.node, window.end)
         if key in self._keys:
             return False
         self._keys.add(key)
+        self.agent_node[agent] = window.node
         self._tiebreak += 1
         heapq.heappush(self._heap, (at, self._tiebreak, agent, window))
         index = math.floor(at / self.slot_s)
@@ -187,7 +206,7 @@ class WindowStore:
         cutoff = now - self.horizon_s
         while self._heap and self._heap[0][0] < cutoff:
             _, _, agent, window = heapq.heappop(self._heap)
-            self._keys.discard((agent, window.boot_id, window.seq))
+            self._keys.discard((window.node, window.end))
         for index in [i for i in self._slots if (i + 1) * self.slot_s < cutoff]:
             del self._slots[index]
 
@@ -197,6 +216,30 @@ class WindowStore:
     def merge_input(self) -> list[Window]:
         """The evaluation window, pre-combined per (slot, AZ): what the merge reads."""
         return [w for index in sorted(self._slots) for w in self._slots[index].windows(index)]
+
+    def node_input(self) -> dict[str, tuple[str, dict[str, Aggregate]]]:
+        """Per node of the evaluation window: (its AZ, dst -> summed counters and histograms),
+        the vantage points the quorum judges (controller/quorum.py). A node counts only
+        while some agent URL speaks for it last: one URL renaming itself every pull is one
+        vantage point, not one per name."""
+        voices = set(self.agent_node.values())
+        out: dict[str, tuple[str, dict[str, Aggregate]]] = {}
+        for index in sorted(self._slots):
+            for node, (az, dsts) in self._slots[index].nodes.items():
+                if node not in voices:
+                    continue
+                mine = out.get(node)
+                if mine is None or mine[0] != az:  # the newest slot's AZ wins
+                    mine = out[node] = (az, mine[1] if mine else {})
+                for dst, agg in dsts.items():
+                    total = mine[1].get(dst)
+                    if total is None:
+                        total = mine[1][dst] = Aggregate()
+                    total.merge(agg)
+        return out
+
+    def forget_agent(self, agent: str) -> None:
+        self.agent_node.pop(agent, None)
 
     def items(self) -> list[StoredWindow]:
         return [StoredWindow(window, at, agent) for at, _, agent, window in sorted(self._heap)]
@@ -228,7 +271,9 @@ class Collector:
         concurrency: int = 128,
         slot_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        topology: Topology | None = None,
     ) -> None:
+        self.topology = topology or Topology()
         self.pull_timeout_s = pull_timeout_s
         self.stale_after_s = stale_after_s
         # However many agents time out, the pull phase ends by this budget.
@@ -249,6 +294,7 @@ class Collector:
         for url in list(self.cursors):
             if url not in wanted:
                 del self.cursors[url]
+                self.store.forget_agent(url)
         for url, target in wanted.items():
             cursor = self.cursors.get(url)
             if cursor is None:
@@ -279,11 +325,13 @@ class Collector:
             # The agent restarted: the old boot's windows stay where they are (already
             # counted once); the new boot starts a fresh cursor.
             self.counters.agent_restarts += 1
-            log.info("agent %s restarted (boot %s -> %s)", cursor.target.url, cursor.boot_id, boot_id)
+            log.info("agent %s restarted (boot %s -> %s)", cursor.target.url, printable(cursor.boot_id, 40),
+                     printable(boot_id, 40))
             cursor.last_seq = 0
             cursor.newest_end = None
         cursor.boot_id = boot_id
-        cursor.node = body.get("node") if isinstance(body.get("node"), str) else cursor.node
+        node = body.get("node") if isinstance(body.get("node"), str) else None
+        cursor.node = node or cursor.node
         cursor.az = body.get("az") if isinstance(body.get("az"), str) else cursor.az
 
         # Cheap pre-filters on the raw documents, before the (costly) full validation:
@@ -312,7 +360,11 @@ class Collector:
             try:
                 window = parse_window(raw)
                 if window.boot_id != boot_id:
-                    raise WindowError(f"boot_id: {window.boot_id!r} differs from the response's {boot_id!r}")
+                    raise WindowError(f"boot_id: {printable(window.boot_id, 40)!r} differs from the response's "
+                                      f"{printable(boot_id, 40)!r}")
+                if node is not None and window.node != node:  # one response speaks for one node
+                    raise WindowError(f"node: {printable(window.node, 40)!r} differs from the response's "
+                                      f"{printable(node, 40)!r}")
             except WindowError as exc:
                 self.counters.windows_garbage += 1
                 log.debug("garbage window from %s: %s", cursor.target.url, exc)
@@ -320,7 +372,12 @@ class Collector:
                 if seq is not None:
                     skipped_seqs.add(seq)
                 continue
-            fresh.append(window)
+            admitted = self.topology.admit(window)
+            if admitted is None:
+                if seq is not None:
+                    skipped_seqs.add(seq)
+                continue
+            fresh.append(admitted)
         fresh.sort(key=lambda w: w.seq)
         last_seq = max([cursor.last_seq, *skipped_seqs, *(w.seq for w in fresh)])
 
@@ -340,6 +397,8 @@ class Collector:
             if self.store.add(cursor.target.url, w, now - age):
                 self._new.append(w)
                 stored += 1
+            else:  # this node's window for this `end` is already held (another URL, a new boot_id)
+                self.counters.windows_duplicate += 1
         cursor.last_seq = last_seq
         if newest_end is not None:
             cursor.newest_end = newest_end
@@ -396,7 +455,7 @@ class Collector:
 
     def _mark_failed(self, cursor: AgentCursor, error: str) -> None:
         if not cursor.failures:
-            log.info("agent %s failing: %s", cursor.target.url, error)
+            log.info("agent %s failing: %s", cursor.target.url, printable(error, 200))
         cursor.failures += 1
         cursor.last_error = error
 

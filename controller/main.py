@@ -39,7 +39,10 @@ from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
 from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
 from azprobe.controller.policy import Policy
 from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
-from azprobe.controller.safety import Decision, SafetyState
+from azprobe.controller.models import ZoneStats
+from azprobe.controller.quorum import NodeEvidence, ViewJudgement, judge
+from azprobe.controller.safety import Decision, SafetyState, apply_safety
+from azprobe.controller.topology import Topology
 
 log = logging.getLogger("azprobe.controller")
 
@@ -54,6 +57,7 @@ class CycleOutcome:
     views: dict[str, WeightsView]
     spikes: dict[str, DetectorResult]
     duration_s: float
+    judgements: dict[str, ViewJudgement]
 
 
 class Controller:
@@ -64,7 +68,11 @@ class Controller:
                                    pull_timeout_s=config.agents.pull_timeout_s,
                                    stale_after_s=config.safety.stale_after_s,
                                    cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
-                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5))
+                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5),
+                                   topology=Topology(config.topology))
+        if not config.topology.azs:
+            log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
+                        "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.policy = Policy(load_model_from(config.model), config.safety)
         self.safety_states: dict[str, SafetyState] = {}
@@ -83,7 +91,8 @@ class Controller:
                                                                  lock_delay_s=c.lock_delay_s,
                                                                  interval_s=c.interval_s))
         self.metrics.add_totals({"azprobe_controller_collect": lambda: self.collector.counters,
-                                 "azprobe_controller_kv": lambda: self.publisher.counters})
+                                 "azprobe_controller_kv": lambda: self.publisher.counters,
+                                 "azprobe_controller_topology": lambda: self.collector.topology.counters})
         self.operator = OperatorControls()
         self.latest_views: dict[str, WeightsView] | None = None
         self.consul_up: bool | None = None  # None: not known yet
@@ -98,19 +107,32 @@ class Controller:
         self.wall = time.time  # the decision clock (safety ages, detector buckets, control expiries)
 
     # --- the cycle --------------------------------------------------------------------
-    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float) -> dict[str, WeightsView]:
-        """Model + safety for the global view and each source's view."""
+    def judge(self, merged: MergedView) -> dict[str, ViewJudgement]:
+        """Each node's own verdicts, combined by quorum per view (controller/quorum.py)."""
+        nodes = [NodeEvidence(node, az, {dst: agg.zone_stats(merged.util.get(dst)) for dst, agg in dsts.items()})
+                 for node, (az, dsts) in self.collector.store.node_input().items()]
+        return judge(nodes, self.policy.model, self.policy.safety.degraded_threshold, self.config.quorum,
+                     merged.util)
+
+    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float,
+               judgements: Mapping[str, ViewJudgement] | None = None) -> dict[str, WeightsView]:
+        """Quorum verdicts + safety for the global view and each source's view."""
+        judgements = self.judge(merged) if judgements is None else judgements
         spike_flags = {az: r.spike for az, r in spikes.items()}
         controls = self.operator.controls
-        inputs: dict[str, Mapping] = {GLOBAL_VIEW: merged.zones}
-        for src, zones in merged.by_source.items():
-            inputs[src] = zones
+        inputs: dict[str, tuple[Mapping[str, ZoneStats], Mapping]] = {}
+        for name, j in judgements.items():
+            seen = merged.zones if name == GLOBAL_VIEW else merged.by_source.get(name, {})
+            # a zone seen without votes (too few samples per node) is known, without evidence
+            zones = {az: ZoneStats(util=z.util) for az, z in seen.items()}
+            zones.update(j.stats)
+            inputs[name] = (zones, j.verdicts)
         for name in self.safety_states:  # a source that went silent keeps its view (held, then equal)
-            inputs.setdefault(name, {})
+            inputs.setdefault(name, ({}, {}))
         views: dict[str, WeightsView] = {}
-        for name, zones in inputs.items():
-            decision = self.policy.decide(zones, now=now, state=self.safety_states.get(name, SafetyState()),
-                                          controls=controls, spikes=spike_flags)
+        for name, (zones, verdicts) in inputs.items():
+            decision = apply_safety(zones, verdicts, now=now, state=self.safety_states.get(name, SafetyState()),
+                                    config=self.policy.safety, controls=controls, spikes=spike_flags)
             self.safety_states[name] = decision.safety_state
             if not decision.publishable:
                 continue
@@ -155,13 +177,14 @@ class Controller:
         merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
         now = self.wall()
         spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
-        views = self.decide(merged, spikes, now)
+        judgements = self.judge(merged)
+        views = self.decide(merged, spikes, now, judgements)
         if views.get(GLOBAL_VIEW) is not None:
             self.latest_views = views
             self.metrics.observe_zones(views[GLOBAL_VIEW].zones)
         duration = time.monotonic() - started
         self._observe(pull, spikes, duration)
-        return CycleOutcome(pull, merged, views, spikes, duration)
+        return CycleOutcome(pull, merged, views, spikes, duration, judgements)
 
     def _observe(self, pull: PullResult, spikes: Mapping[str, DetectorResult], duration: float) -> None:
         m = self.metrics
