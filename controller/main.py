@@ -48,6 +48,7 @@ log = logging.getLogger("azprobe.controller")
 
 CONSUL_TIMEOUT_S = 2.0  # one Consul call never holds the Consul loop longer than this
 DISCOVERY_EVERY_S = 5.0
+WRITE_BACKOFF_MAX_S = 10.0  # a failing KV write is retried at least this often
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Controller:
         self._logged_problems: tuple[str, ...] = ()
         self._spiking: dict[str, bool] = {}
         self._warned_invalid = False
+        self._write_failures = 0  # consecutive failed weight writes (not 409s)
+        self._write_retry_at = float("-inf")  # publisher clock
         self.wall = time.time  # the decision clock (safety ages, detector buckets, control expiries)
 
     # --- the cycle --------------------------------------------------------------------
@@ -222,15 +225,11 @@ class Controller:
             self._read_controls()
             if self.election.is_leader:
                 if not self.term_started:
+                    self._write_failures, self._write_retry_at = 0, float("-inf")
                     generation = self.publisher.start_term()
                     self.term_started = True
                     log.info("leader term starts above generation %d", generation)
-                views = self.latest_views
-                if views is not None and self.election.session_id is not None:
-                    doc = self.publisher.publish(self.election.session_id, views)
-                    if doc is not None:
-                        self.metrics.generation.set(doc.generation)
-                        self.metrics.last_write.set(doc.generated_at)
+                self._publish()
             self._set_consul_up(True)
         except Fenced as exc:
             self._set_consul_up(True)
@@ -242,10 +241,43 @@ class Controller:
             self.term_started = False
         self.metrics.leader.set(1.0 if self.election.is_leader else 0.0)
 
+    def _publish(self) -> None:
+        """Write the latest views, as leader. A failed write (Consul answering 500, a
+        timeout) is not a lost lock: the session still holds it and the fenced txn keeps
+        a deposed leader out anyway, so we keep the lock and retry with exponential
+        backoff (interval x 2^n, at most WRITE_BACKOFF_MAX_S) instead of stepping down
+        and re-acquiring every tick. Raises Fenced on a 409 (the caller steps down)."""
+        views = self.latest_views
+        if views is None or self.election.session_id is None:
+            return
+        now = self.publisher.clock()
+        if now < self._write_retry_at:
+            return
+        try:
+            doc = self.publisher.publish(self.election.session_id, views)
+        except Fenced:
+            raise
+        except ConsulError as exc:
+            self._write_failures += 1
+            delay = min(self.config.controller.interval_s * 2 ** min(self._write_failures, 16), WRITE_BACKOFF_MAX_S)
+            self._write_retry_at = now + delay
+            self.publisher.counters.write_errors += 1
+            if self._write_failures == 1:
+                log.warning("writing the weights failed, keeping the lock and retrying with backoff: %s", exc)
+            return
+        if self._write_failures:
+            log.info("writing the weights works again after %d failed attempts", self._write_failures)
+        self._write_failures, self._write_retry_at = 0, float("-inf")
+        if doc is not None:
+            self.metrics.generation.set(doc.generation)
+            self.metrics.last_write.set(doc.generated_at)
+
     def _read_controls(self) -> None:
         prefix = self.consul_settings.key("control/")
         state = read_key(self.client, prefix, recurse=True)
-        self.operator = parse_controls(state.entries or {}, prefix, self.wall())
+        topology = self.collector.topology
+        self.operator = parse_controls(state.entries or {}, prefix, self.wall(),
+                                       topology.azs if topology.configured else None)
         if self.operator.problems != self._logged_problems:
             for problem in self.operator.problems:
                 log.info("operator control %s", problem)
@@ -286,10 +318,12 @@ class Controller:
         if new.agents.discover != "consul":
             self._pending_targets = [AgentTarget(url) for url in new.agents.static]
         self._last_discovery = -1e9
-        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s) != (
-                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s):
-            log.warning("reload: changes to [controller], [consul], agents.discover or heartbeat_s need a restart")
-        self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety)
+        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s, new.topology) != (
+                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s,
+                self.config.topology):
+            log.warning("reload: changes to [controller], [consul], [topology], agents.discover or heartbeat_s "
+                        "need a restart")
+        self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety, quorum=new.quorum)
         log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
 
     async def run(self, stop: asyncio.Event) -> None:
