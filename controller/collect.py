@@ -325,7 +325,7 @@ class Collector:
             # The agent restarted: the old boot's windows stay where they are (already
             # counted once); the new boot starts a fresh cursor.
             self.counters.agent_restarts += 1
-            log.info("agent %s restarted (boot %s -> %s)", cursor.target.url, printable(cursor.boot_id, 40),
+            log.info("agent %s restarted (boot %s -> %s)", printable(cursor.target.url, 200), printable(cursor.boot_id, 40),
                      printable(boot_id, 40))
             cursor.last_seq = 0
             cursor.newest_end = None
@@ -367,7 +367,7 @@ class Collector:
                                       f"{printable(node, 40)!r}")
             except WindowError as exc:
                 self.counters.windows_garbage += 1
-                log.debug("garbage window from %s: %s", cursor.target.url, exc)
+                log.debug("garbage window from %s: %s", printable(cursor.target.url, 200), exc)
                 # Step past it when its seq is readable, so it is not re-read every cycle.
                 if seq is not None:
                     skipped_seqs.add(seq)
@@ -447,7 +447,7 @@ class Collector:
             self.counters.pull_errors += 1
             return -1
         if cursor.failures:
-            log.info("agent %s answers again", url)
+            log.info("agent %s answers again", printable(url, 200))
         cursor.failures = 0
         cursor.last_error = ""
         cursor.last_ok = self.clock()
@@ -455,7 +455,7 @@ class Collector:
 
     def _mark_failed(self, cursor: AgentCursor, error: str) -> None:
         if not cursor.failures:
-            log.info("agent %s failing: %s", cursor.target.url, printable(error, 200))
+            log.info("agent %s failing: %s", printable(cursor.target.url, 200), printable(error, 200))
         cursor.failures += 1
         cursor.last_error = error
 

@@ -29,6 +29,7 @@ import click
 from azprobe import sdnotify
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
 from azprobe.contracts.weights import WeightsError, ZoneWeights
+from azprobe.contracts.window import printable
 from azprobe.controller.agent_http import raise_file_limit
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
 from azprobe.controller.config import ControllerConfig, load_config, load_model_from
@@ -209,7 +210,7 @@ class Controller:
                 log.info("consul %s at %s", "regained" if self.consul_up is False else "reachable",
                             self.consul_settings.address)
             else:
-                log.info("consul lost: %s", error)
+                log.info("consul lost: %s", printable(str(error), 300))  # may quote a response body
             self.consul_up = up
         self.metrics.consul_up.set(1.0 if up else 0.0)
 
@@ -263,7 +264,8 @@ class Controller:
             self._write_retry_at = now + delay
             self.publisher.counters.write_errors += 1
             if self._write_failures == 1:
-                log.warning("writing the weights failed, keeping the lock and retrying with backoff: %s", exc)
+                log.warning("writing the weights failed, keeping the lock and retrying with backoff: %s",
+                            printable(str(exc), 300))
             return
         if self._write_failures:
             log.info("writing the weights works again after %d failed attempts", self._write_failures)
