@@ -113,25 +113,15 @@ class StoredWindow:
 class _Slot:
     """The windows that arrived in one time slot, pre-combined per agent AZ."""
 
-    __slots__ = ("paths", "utils", "nodes", "start", "end")
+    __slots__ = ("paths", "utils", "start", "end")
 
     def __init__(self) -> None:
         self.paths: dict[str, dict[tuple[str, str], PathStats]] = {}  # agent AZ -> path -> sums
         self.utils: dict[str, dict[str, list[float]]] = {}  # agent AZ -> node -> [cpu sum, mem sum, n]
-        self.nodes: dict[str, tuple[str, dict[str, Aggregate]]] = {}  # node -> (its AZ, dst -> sums)
         self.start = math.inf
         self.end = -math.inf
 
     def add(self, window: Window) -> None:
-        own = self.nodes.get(window.node)
-        if own is None or own[0] != window.az:
-            own = self.nodes[window.node] = (window.az, own[1] if own else {})
-        for p in window.paths:
-            if p.dst != OTHER_AZ:
-                agg = own[1].get(p.dst)
-                if agg is None:
-                    agg = own[1][p.dst] = Aggregate()
-                agg.merge(p)
         paths = self.paths.setdefault(window.az, {})
         for p in window.paths:
             key = (p.src, p.dst)
@@ -162,6 +152,52 @@ class _Slot:
         return out
 
 
+class _NodeTotals:
+    """One node's sums over the windows the store holds, per destination: kept up to
+    date on add and prune (a window in, a window out), so the quorum's per-node input
+    costs nothing per cycle (merging every node's slots each cycle cost 0.4 s of CPU at
+    5,000 agents)."""
+
+    __slots__ = ("az", "dsts", "windows")
+
+    def __init__(self, az: str) -> None:
+        self.az = az
+        self.dsts: dict[str, Aggregate] = {}
+        self.windows = 0
+
+    def add(self, window: Window) -> None:
+        self.az = window.az  # the newest window's AZ
+        self.windows += 1
+        for p in window.paths:
+            if p.dst != OTHER_AZ:
+                agg = self.dsts.get(p.dst)
+                if agg is None:
+                    agg = self.dsts[p.dst] = Aggregate()
+                agg.merge(p)
+
+    def remove(self, window: Window) -> None:
+        self.windows -= 1
+        for p in window.paths:
+            agg = self.dsts.get(p.dst)
+            if agg is None:
+                continue
+            agg.conn_attempts -= p.conn_attempts
+            agg.conn_ok -= p.conn_ok
+            agg.conn_refused -= p.conn_refused
+            agg.conn_timeout -= p.conn_timeout
+            agg.syn_retrans -= p.syn_retrans
+            agg.retrans -= p.retrans
+            agg.rto -= p.rto
+            for hist, gone in ((agg.rtt_us, p.rtt_us), (agg.connect_us, p.connect_us)):
+                counts = hist.counts
+                for lower, n in gone.counts.items():
+                    left = counts.get(lower, 0) - n
+                    if left > 0:
+                        counts[lower] = left
+                    else:
+                        counts.pop(lower, None)
+
+
 class WindowStore:
     """Windows of the last `horizon_s` seconds; a key is stored once, ever within the horizon.
 
@@ -181,6 +217,7 @@ class WindowStore:
         self._heap: list[tuple[float, int, str, Window]] = []  # (at, tiebreak, agent, window)
         self._keys: set[tuple[str, float]] = set()  # (node, end): one window per end per node
         self.agent_node: dict[str, str] = {}  # agent URL -> the node it spoke for last
+        self._nodes: dict[str, _NodeTotals] = {}
         self._slots: dict[int, _Slot] = {}
         self._tiebreak = 0
         self.newest_at: float | None = None
@@ -191,6 +228,10 @@ class WindowStore:
             return False
         self._keys.add(key)
         self.agent_node[agent] = window.node
+        totals = self._nodes.get(window.node)
+        if totals is None:
+            totals = self._nodes[window.node] = _NodeTotals(window.az)
+        totals.add(window)
         self._tiebreak += 1
         heapq.heappush(self._heap, (at, self._tiebreak, agent, window))
         index = math.floor(at / self.slot_s)
@@ -207,6 +248,10 @@ class WindowStore:
         while self._heap and self._heap[0][0] < cutoff:
             _, _, agent, window = heapq.heappop(self._heap)
             self._keys.discard((window.node, window.end))
+            totals = self._nodes[window.node]
+            totals.remove(window)
+            if totals.windows <= 0:
+                del self._nodes[window.node]
         for index in [i for i in self._slots if (i + 1) * self.slot_s < cutoff]:
             del self._slots[index]
 
@@ -221,22 +266,9 @@ class WindowStore:
         """Per node of the evaluation window: (its AZ, dst -> summed counters and histograms),
         the vantage points the quorum judges (controller/quorum.py). A node counts only
         while some agent URL speaks for it last: one URL renaming itself every pull is one
-        vantage point, not one per name."""
+        vantage point, not one per name. The sums are the store's own: read, don't keep."""
         voices = set(self.agent_node.values())
-        out: dict[str, tuple[str, dict[str, Aggregate]]] = {}
-        for index in sorted(self._slots):
-            for node, (az, dsts) in self._slots[index].nodes.items():
-                if node not in voices:
-                    continue
-                mine = out.get(node)
-                if mine is None or mine[0] != az:  # the newest slot's AZ wins
-                    mine = out[node] = (az, mine[1] if mine else {})
-                for dst, agg in dsts.items():
-                    total = mine[1].get(dst)
-                    if total is None:
-                        total = mine[1][dst] = Aggregate()
-                    total.merge(agg)
-        return out
+        return {node: (t.az, t.dsts) for node, t in self._nodes.items() if node in voices}
 
     def forget_agent(self, agent: str) -> None:
         self.agent_node.pop(agent, None)
