@@ -38,6 +38,8 @@ from azprobe.controller.topology import Topology
 
 log = logging.getLogger(__name__)
 
+RESTART_LOG_EVERY_S = 60.0
+
 
 def _raw_int(doc: object, key: str) -> int | None:
     value = doc.get(key) if isinstance(doc, dict) else None
@@ -79,6 +81,7 @@ class AgentCursor:
     last_attempt: float = float("-inf")  # controller clock of the cycle that last pulled it
     failures: int = 0  # consecutive failed pulls
     last_error: str = ""
+    restart_logged_at: float = float("-inf")  # one "restarted" line a minute: a boot_id churner spams none
 
     def state(self, now: float, stale_after_s: float) -> AgentState:
         if self.failures or self.last_ok is None:
@@ -357,8 +360,10 @@ class Collector:
             # The agent restarted: the old boot's windows stay where they are (already
             # counted once); the new boot starts a fresh cursor.
             self.counters.agent_restarts += 1
-            log.info("agent %s restarted (boot %s -> %s)", printable(cursor.target.url, 200), printable(cursor.boot_id, 40),
-                     printable(boot_id, 40))
+            if now - cursor.restart_logged_at >= RESTART_LOG_EVERY_S:
+                cursor.restart_logged_at = now
+                log.info("agent %s restarted (boot %s -> %s)", printable(cursor.target.url, 200),
+                         printable(cursor.boot_id, 40), printable(boot_id, 40))
             cursor.last_seq = 0
             cursor.newest_end = None
         cursor.boot_id = boot_id

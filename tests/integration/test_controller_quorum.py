@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -117,7 +118,8 @@ def test_honest_fleets_equal_and_drained(devconsul, honest):
 
 @pytest.mark.parametrize("scenario", ["liar_b_down", "heavy_liar", "every_zone_failing_healthy_fleet",
                                       "fake_azs", "boot_churn", "listed_twice"])
-def test_one_hostile_agent_moves_nothing(devconsul, honest, scenario):
+def test_one_hostile_agent_moves_nothing(devconsul, honest, scenario, caplog):
+    caplog.set_level(logging.INFO, logger="azprobe.controller.collect")
     want = _baseline(devconsul, honest, False)
     agents = _fleet()
     liar = agents["az-a-0"]
@@ -168,6 +170,9 @@ def test_one_hostile_agent_moves_nothing(devconsul, honest, scenario):
         assert "fake" not in render and "azprobe_controller_topology_windows_unknown_az" in render
     if scenario in ("listed_twice", "boot_churn"):
         assert len(ctl.collector.store.node_input()) == 30
+    if scenario == "boot_churn":  # counted every pull, logged once a minute
+        assert ctl.collector.counters.agent_restarts >= ROUNDS - 1
+        assert sum("restarted" in r.getMessage() for r in caplog.records) == 1
     if scenario == "every_zone_failing_healthy_fleet":
         assert any("sick source" in r and liar.node in r for z in docs[-1].zones.values() for r in z.reasons)
 
