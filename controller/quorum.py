@@ -109,8 +109,9 @@ class _Vote:
     az: str
     dst: str
     stats: ZoneStats
-    verdict: ZoneHealth
+    verdict: ZoneHealth  # without reasons (explain=False): only the median's are shown
     degraded: bool
+    evidence: Mapping[str, ZoneStats]  # the node's whole evidence, to explain the median's verdict
 
 
 def _median(values: list[float]) -> float | None:
@@ -122,31 +123,34 @@ def _median(values: list[float]) -> float | None:
 
 
 def _median_stats(votes: list[_Vote], util: float | None, samples: int) -> ZoneStats:
-    def field_median(name: str) -> float | None:
-        values = [getattr(v.stats, name) for v in votes]
-        return _median([x for x in values if x is not None and math.isfinite(x)])
-
-    return ZoneStats(success=field_median("success"), p95_ms=field_median("p95_ms"), util=util,
-                     syn_retrans_per_conn=field_median("syn_retrans_per_conn") or 0.0,
-                     rto_per_conn=field_median("rto_per_conn") or 0.0, samples=min(samples, MAX_INT))
+    stats = [v.stats for v in votes]
+    isfinite = math.isfinite
+    return ZoneStats(
+        success=_median([x for x in (z.success for z in stats) if x is not None and isfinite(x)]),
+        p95_ms=_median([x for x in (z.p95_ms for z in stats) if x is not None and isfinite(x)]),
+        util=util,
+        syn_retrans_per_conn=_median([z.syn_retrans_per_conn for z in stats if isfinite(z.syn_retrans_per_conn)]) or 0.0,
+        rto_per_conn=_median([z.rto_per_conn for z in stats if isfinite(z.rto_per_conn)]) or 0.0,
+        samples=min(samples, MAX_INT))
 
 
 def judge_nodes(nodes: Iterable[NodeEvidence], model: Model, degraded_below: float,
                 cfg: QuorumConfig) -> dict[str, list[_Vote]]:
-    """Step 1: each node's own verdict per destination, node -> votes."""
+    """Step 1: each node's own verdict per destination, node -> votes. Without reason
+    strings: at 5,000 nodes building them cost most of the judgement."""
     out: dict[str, list[_Vote]] = {}
     for n in nodes:
         evidence = {dst: z for dst, z in n.zones.items() if z.is_evidence(cfg.min_node_samples)}
         if not evidence:
             continue
-        verdicts = model.evaluate(evidence)
-        out[n.node] = [_Vote(n.node, n.az, dst, evidence[dst], v, v.health < degraded_below)
+        verdicts = model.evaluate(evidence, explain=False)
+        out[n.node] = [_Vote(n.node, n.az, dst, evidence[dst], v, v.health < degraded_below, evidence)
                        for dst, v in sorted(verdicts.items())]
     return out
 
 
-def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig,
-               util: Mapping[str, float | None], *, single_source: bool = False) -> ViewJudgement:
+def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util: Mapping[str, float | None],
+               model: Model, *, single_source: bool = False) -> ViewJudgement:
     """Steps 2-5 for the nodes given (all of them, or one source AZ's)."""
     reasons: list[str] = []
     sick = sorted(node for node, votes in votes_by_node.items()
@@ -184,8 +188,9 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig,
         median = side[(len(side) - 1) // 2]
         samples = sum(v.stats.samples for v in votes)
         stats[dst] = _median_stats(side, util.get(dst), samples)
-        why = (tally.reason(), f"median node {median.node} ({median.az}): {median.verdict.reasons[0]}",
-               *median.verdict.reasons[1:])
+        explained = model.evaluate(median.evidence)[dst]  # the same verdict, with its reasons
+        why = (tally.reason(), f"median node {median.node} ({median.az}): {explained.reasons[0]}",
+               *explained.reasons[1:])
         verdicts[dst] = ZoneHealth(health=median.verdict.health, weight=median.verdict.weight,
                                    share_raw=median.verdict.share_raw, reasons=why)
         tallies[dst] = tally
@@ -215,8 +220,8 @@ def judge(nodes: Iterable[NodeEvidence], model: Model, degraded_below: float, cf
     """The global view ("") and one view per source AZ, as controller/publish.py names them."""
     nodes = list(nodes)
     votes = judge_nodes(nodes, model, degraded_below, cfg)
-    out = {"": judge_view(votes, cfg, util)}
+    out = {"": judge_view(votes, cfg, util, model)}
     for src in sorted({n.az for n in nodes}):
         mine = {node: v for node, v in votes.items() if v and v[0].az == src}
-        out[src] = judge_view(mine, cfg, util, single_source=True)
+        out[src] = judge_view(mine, cfg, util, model, single_source=True)
     return out
