@@ -65,8 +65,16 @@ NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 NAME_RULE = "letters, digits, '.', '_' and '-'"
 
 
+_KNOWN_NAMES: set[str] = set()  # names already checked: AZ names repeat in every path of every window
+
+
 def _is_name(value: object, limit: int) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= limit and NAME_CHARS.issuperset(value)
+    if type(value) is str and value in _KNOWN_NAMES and len(value) <= limit:
+        return True
+    ok = isinstance(value, str) and 0 < len(value) <= limit and NAME_CHARS.issuperset(value)
+    if ok and len(_KNOWN_NAMES) < 100_000:  # bounded: boot ids and fake names do not grow it for ever
+        _KNOWN_NAMES.add(value)  # type: ignore[arg-type]
+    return ok
 
 
 def is_az_name(value: object) -> bool:
@@ -247,13 +255,14 @@ def _histogram(doc: object, where: str) -> Histogram:
         hist = Histogram.from_json(doc)  # type: ignore[arg-type]
     except ValueError as exc:
         raise WindowError(f"{where}: {printable(str(exc), 120)}") from None
-    if len(hist.counts) > NUM_BUCKETS:
-        raise WindowError(f"{where}.counts: {len(hist.counts)} buckets exceed {SCHEME}'s {NUM_BUCKETS}")
-    for lower, n in hist.counts.items():
-        if lower > MAX_BUCKET_LOWER:
-            raise WindowError(f"{where}.counts: bucket {lower} µs is beyond {SCHEME}'s last ({MAX_BUCKET_LOWER})")
-        if n > MAX_COUNT:
-            raise WindowError(f"{where}.counts: {n} in bucket {lower} exceeds {MAX_COUNT}")
+    counts = hist.counts
+    if len(counts) > NUM_BUCKETS:
+        raise WindowError(f"{where}.counts: {len(counts)} buckets exceed {SCHEME}'s {NUM_BUCKETS}")
+    # builtins over the whole dict, not a Python loop: this runs for every path of every window
+    if counts and max(counts) > MAX_BUCKET_LOWER:
+        raise WindowError(f"{where}.counts: bucket {max(counts)} µs is beyond {SCHEME}'s last ({MAX_BUCKET_LOWER})")
+    if counts and max(counts.values()) > MAX_COUNT:
+        raise WindowError(f"{where}.counts: a bucket's count {max(counts.values())} exceeds {MAX_COUNT}")
     return hist
 
 
