@@ -104,15 +104,15 @@ def test_sigterm_with_parked_queries_from_gone_clients_exits_promptly(tmp_path):
     try:
         dc.request("PUT", "/v1/kv/k", "v")
         index = dc.request("GET", "/v1/kv/k").headers["X-Consul-Index"]
-        for _ in range(5):  # clients that park a long poll and go away
+        keep = socket.create_connection((dc.host, dc.port))  # a client still waiting
+        keep.sendall(f"GET /v1/kv/k?index={index}&wait=60s HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        deadline = time.monotonic() + 10
+        while dc.parked_queries() < 1:
+            assert time.monotonic() < deadline
+        for _ in range(5):  # and clients that park a long poll and go away
             s = socket.create_connection((dc.host, dc.port))
             s.sendall(f"GET /v1/kv/k?index={index}&wait=60s HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             s.close()
-        keep = socket.create_connection((dc.host, dc.port))  # and one still waiting
-        keep.sendall(f"GET /v1/kv/k?index={index}&wait=60s HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        deadline = time.monotonic() + 10
-        while dc.parked_queries() < 6:
-            assert time.monotonic() < deadline
         proc = dc.proc
         proc.terminate()
         proc.wait(timeout=10)  # was ~62 s: every parked query waited out its `wait`

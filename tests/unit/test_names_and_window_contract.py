@@ -76,7 +76,7 @@ def test_window_level_bounds():
     doc["paths"].append(dict(doc["paths"][0]))
     with pytest.raises(WindowError, match="appears twice"):
         parse_window(doc)
-    for key, value in (("node", "x\x00"), ("az", "a" * 64), ("boot_id", "b" * 129)):
+    for key, value in (("node", "x\x00"), ("node", ["x"]), ("az", "a" * 64), ("boot_id", "b" * 129)):
         with pytest.raises(WindowError, match=key):
             parse_window({**_doc(), key: value})
     with pytest.raises(WindowError, match="spans"):
