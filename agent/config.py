@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from azprobe.config import Section, load_toml, parse_host_port, parse_topology
+from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, name_problem, printable
 from azprobe.errors import ConfigError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -35,6 +36,14 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     name = node.string("name", socket.gethostname())
     az = node.string("az", required=True)
     node.reject_unknown()
+    # The controller identifies an agent by these names (docs/quorum.md "Identity"): one
+    # it would refuse is a config error here, not every window silently rejected there.
+    for key, value, limit in (("name", name, MAX_NODE_NAME), ("az", az, MAX_AZ_NAME)):
+        problem = name_problem(value, limit)
+        if problem:
+            raise ConfigError(node.field(key), f"{printable(value, 40)!r} {problem}",
+                              f"use 1..{limit} of letters, digits, '.', '_', '-'"
+                              + (" (set it explicitly: the host name does not fit)" if key == "name" else ""))
     listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"), listen=True)
     interval_s = agent.number("interval_s", 1.0, min=0.1, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import click
 
 from azprobe.errors import PrerequisiteError
-from azprobe.contracts.window import PathStats, Window, WindowError, parse_window
+from azprobe.contracts.window import PathStats, Window, WindowError, parse_window, printable
 
 DEFAULT_AGENT = "http://127.0.0.1:9740"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -99,7 +99,8 @@ class WindowFollower:
                 self.windows.clear()
                 doc = fetch_json(f"{self.agent_url}/v1/windows?after=0")
             self.boot_id = doc.get("boot_id")
-        self.node, self.az = doc.get("node", ""), doc.get("az", "")
+        # shown in the title: from the network, so never a control character
+        self.node, self.az = printable(doc.get("node", ""), 64), printable(doc.get("az", ""), 64)
         try:
             for w in doc.get("windows", []):
                 self.windows.append(parse_window(w))

@@ -96,7 +96,7 @@ async def run(watchers: int, interval: float, duration: float, processes: int) -
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="bench-devconsul-") as data_dir, \
-            DevConsul(data_dir=data_dir, node_name="bench") as dc:
+            DevConsul(data_dir=data_dir, node_name="bench", max_conns_per_client=watchers + 100) as dc:
         proc = psutil.Process(dc.pid)
         async with aiohttp.ClientSession() as session:
             async with session.put(f"{dc.url}/v1/kv/{KEY}", data=b"0") as resp:

@@ -24,6 +24,8 @@ from azprobe.address_file import format_host_port
 from azprobe.config import Section, load_toml, parse_host_port
 from azprobe.errors import ConfigError
 from azprobe.controller.models import Model, load_model
+from azprobe.controller.quorum import QuorumConfig
+from azprobe.controller.topology import TopologySettings, parse_topology
 from azprobe.controller.safety import SafetyConfig
 
 AGENT_SERVICE = "azprobe-agent"  # the Consul catalog service agents register as
@@ -66,6 +68,8 @@ class ControllerConfig:
     safety: SafetyConfig
     heartbeat_s: float = 30.0  # [safety].heartbeat_s: write at least this often
     path: str = ""
+    topology: TopologySettings = TopologySettings()  # [topology]: the AZ set (controller/topology.py)
+    quorum: QuorumConfig = QuorumConfig()  # [quorum]: how nodes' verdicts combine (controller/quorum.py)
 
 
 def _agent_url(url: str, field_name: str) -> str:
@@ -201,6 +205,8 @@ def parse_config(data: dict[str, Any], path: str = "") -> ControllerConfig:
         safety=safety,
         heartbeat_s=heartbeat_s,
         path=path,
+        topology=parse_topology(root.section("topology")),
+        quorum=QuorumConfig.from_section(root.section("quorum")),
     )
     root.reject_unknown()
     return config

@@ -8,18 +8,24 @@
   key can never drain a zone for ever.
 
 Expired switches are ignored (they may linger in KV; the controller does not delete
-operator keys).
+operator keys). A shift's `until` may lie at most MAX_SHIFT_S (3 days, as AWS zonal
+shifts) ahead: one further out is ignored and reported, not clipped (a clip relative to
+`now` would never expire). A shift of an AZ outside the controller's topology is ignored
+and reported. Key names and values come from KV: reported through `printable`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from azprobe.contracts import kv
+from azprobe.contracts.window import printable
 from azprobe.controller.safety import Controls
+
+MAX_SHIFT_S = 3 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,10 @@ def _until(value: object) -> float | None:
     return float(value)
 
 
-def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now: float) -> OperatorControls:
+def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now: float,
+                   azs: Collection[str] | None = None) -> OperatorControls:
     """entries: full KV key -> value under `<prefix>control/` (a recursive read); `now`
-    is unix time (expiries are unix seconds)."""
+    is unix time (expiries are unix seconds); `azs`: the topology's AZs (None: any)."""
     frozen, freeze_reason = False, ""
     shifts: dict[str, float] = {}
     problems: list[str] = []
@@ -66,11 +73,21 @@ def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now
         elif switch is not None and switch[1] is not None:
             az = switch[1]
             until = _until(value.get("until")) if isinstance(value, dict) else _until(value)
+            shown = printable(key, 120)
             if until is None:
-                problems.append(f"{key}: ignored, needs {{\"until\": <unix seconds>}}")
+                problems.append(f"{shown}: ignored, needs {{\"until\": <unix seconds>}}")
                 continue
-            if until > now:
-                shifts[az] = until
+            if until <= now:
+                continue
+            if until > now + MAX_SHIFT_S:
+                problems.append(f"{shown}: ignored, until is {(until - now) / 3600:.0f} h ahead; a shift lasts at "
+                                f"most {MAX_SHIFT_S / 3600:.0f} h (3 days): set an earlier until")
+                continue
+            if azs is not None and az not in azs:
+                problems.append(f"{shown}: ignored, {printable(az, 64)!r} is not an AZ of the topology "
+                                f"({', '.join(sorted(azs)) or 'none yet'})")
+                continue
+            shifts[az] = until
         elif name:
-            problems.append(f"{key}: unknown control key ignored")
+            problems.append(f"{printable(key, 120)}: unknown control key ignored")
     return OperatorControls(Controls(freeze=frozen, shifts=shifts), freeze_reason, tuple(problems))

@@ -31,6 +31,7 @@ from azprobe.address_file import format_host_port, write_address_file
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
 from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsError
+from azprobe.contracts.window import printable
 from azprobe.controller.agent_http import raise_file_limit
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
 from azprobe.controller.config import ControllerConfig, bound_advertise, load_config, load_model_from
@@ -41,12 +42,16 @@ from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
 from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
 from azprobe.controller.policy import Policy
 from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
-from azprobe.controller.safety import Decision, SafetyState
+from azprobe.contracts.stats import ZoneStats
+from azprobe.controller.quorum import NodeEvidence, ViewJudgement, judge
+from azprobe.controller.safety import Decision, SafetyState, apply_safety
+from azprobe.controller.topology import Topology
 
 log = logging.getLogger("azprobe.controller")
 
 CONSUL_TIMEOUT_S = 2.0  # one Consul call never holds the Consul loop longer than this
 DISCOVERY_EVERY_S = 5.0
+WRITE_BACKOFF_MAX_S = 10.0  # a failing KV write is retried at least this often
 
 
 @dataclass
@@ -56,6 +61,7 @@ class CycleOutcome:
     views: dict[str, WeightsView]
     spikes: dict[str, DetectorResult]
     duration_s: float
+    judgements: dict[str, ViewJudgement]
 
 
 class Controller:
@@ -66,7 +72,11 @@ class Controller:
                                    pull_timeout_s=config.agents.pull_timeout_s,
                                    stale_after_s=config.safety.stale_after_s,
                                    cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
-                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5))
+                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5),
+                                   topology=Topology(config.topology))
+        if not config.topology.azs:
+            log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
+                        "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.policy = Policy(load_model_from(config.model), config.safety)
         self.safety_states: dict[str, SafetyState] = {}
@@ -85,7 +95,8 @@ class Controller:
                                                                  lock_delay_s=c.lock_delay_s,
                                                                  interval_s=c.interval_s))
         self.metrics.add_totals({"azprobe_controller_collect": lambda: self.collector.counters,
-                                 "azprobe_controller_kv": lambda: self.publisher.counters})
+                                 "azprobe_controller_kv": lambda: self.publisher.counters,
+                                 "azprobe_controller_topology": lambda: self.collector.topology.counters})
         self.operator = OperatorControls()
         self.latest_views: dict[str, WeightsView] | None = None
         self.consul_up: bool | None = None  # None: not known yet
@@ -97,23 +108,38 @@ class Controller:
         self._logged_problems: tuple[str, ...] = ()
         self._spiking: dict[str, bool] = {}
         self._warned_invalid = False
+        self._write_failures = 0  # consecutive failed weight writes (not 409s)
+        self._write_retry_at = float("-inf")  # publisher clock
         self.wall = time.time  # the decision clock (safety ages, detector buckets, control expiries)
 
     # --- the cycle --------------------------------------------------------------------
-    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float) -> dict[str, WeightsView]:
-        """Model + safety for the global view and each source's view."""
+    def judge(self, merged: MergedView) -> dict[str, ViewJudgement]:
+        """Each node's own verdicts, combined by quorum per view (controller/quorum.py)."""
+        nodes = [NodeEvidence(node, az, {dst: agg.zone_stats(merged.util.get(dst)) for dst, agg in dsts.items()})
+                 for node, (az, dsts) in self.collector.store.node_input().items()]
+        return judge(nodes, self.policy.model, self.policy.safety.degraded_threshold, self.config.quorum,
+                     merged.util)
+
+    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float,
+               judgements: Mapping[str, ViewJudgement] | None = None) -> dict[str, WeightsView]:
+        """Quorum verdicts + safety for the global view and each source's view."""
+        judgements = self.judge(merged) if judgements is None else judgements
         spike_flags = {az: r.spike for az, r in spikes.items()}
         controls = self.operator.controls
-        inputs: dict[str, Mapping] = {GLOBAL_VIEW: merged.zones}
-        for src, zones in merged.by_source.items():
-            inputs[src] = zones
+        inputs: dict[str, tuple[Mapping[str, ZoneStats], Mapping]] = {}
+        for name, j in judgements.items():
+            seen = merged.zones if name == GLOBAL_VIEW else merged.by_source.get(name, {})
+            # a zone seen without votes (too few samples per node) is known, without evidence
+            zones = {az: ZoneStats(util=z.util) for az, z in seen.items()}
+            zones.update(j.stats)
+            inputs[name] = (zones, j.verdicts)
         for name in self.safety_states:  # a source that went silent keeps its view (held, then equal)
-            inputs.setdefault(name, {})
+            inputs.setdefault(name, ({}, {}))
         views: dict[str, WeightsView] = {}
-        for name, zones in inputs.items():
+        for name, (zones, verdicts) in inputs.items():
             try:
-                decision = self.policy.decide(zones, now=now, state=self.safety_states.get(name, SafetyState()),
-                                              controls=controls, spikes=spike_flags)
+                decision = apply_safety(zones, verdicts, now=now, state=self.safety_states.get(name, SafetyState()),
+                                        config=self.policy.safety, controls=controls, spikes=spike_flags)
             except WeightsError as exc:  # a bug upstream: never publish it, say so once
                 self.publisher.counters.invalid_docs += 1
                 if not self._warned_invalid:
@@ -156,13 +182,14 @@ class Controller:
         merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
         now = self.wall()
         spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
-        views = self.decide(merged, spikes, now)
+        judgements = self.judge(merged)
+        views = self.decide(merged, spikes, now, judgements)
         if views.get(GLOBAL_VIEW) is not None:
             self.latest_views = views
             self.metrics.observe_zones(views[GLOBAL_VIEW].zones)
         duration = time.monotonic() - started
         self._observe(pull, spikes, duration)
-        return CycleOutcome(pull, merged, views, spikes, duration)
+        return CycleOutcome(pull, merged, views, spikes, duration, judgements)
 
     def _observe(self, pull: PullResult, spikes: Mapping[str, DetectorResult], duration: float) -> None:
         m = self.metrics
@@ -184,7 +211,7 @@ class Controller:
                 log.info("consul %s at %s", "regained" if self.consul_up is False else "reachable",
                             self.consul_settings.address)
             else:
-                log.info("consul lost: %s", error)
+                log.info("consul lost: %s", printable(str(error), 300))  # may quote a response body
             self.consul_up = up
         self.metrics.consul_up.set(1.0 if up else 0.0)
 
@@ -200,15 +227,11 @@ class Controller:
             self._read_controls()
             if self.election.is_leader:
                 if not self.term_started:
+                    self._write_failures, self._write_retry_at = 0, float("-inf")
                     generation = self.publisher.start_term()
                     self.term_started = True
                     log.info("leader term starts above generation %d", generation)
-                views = self.latest_views
-                if views is not None and self.election.session_id is not None:
-                    doc = self.publisher.publish(self.election.session_id, views)
-                    if doc is not None:
-                        self.metrics.generation.set(doc.generation)
-                        self.metrics.last_write.set(doc.generated_at)
+                self._publish()
             self._set_consul_up(True)
         except Fenced as exc:
             self._set_consul_up(True)
@@ -220,10 +243,44 @@ class Controller:
             self.term_started = False
         self.metrics.leader.set(1.0 if self.election.is_leader else 0.0)
 
+    def _publish(self) -> None:
+        """Write the latest views, as leader. A failed write (Consul answering 500, a
+        timeout) is not a lost lock: the session still holds it and the fenced txn keeps
+        a deposed leader out anyway, so we keep the lock and retry with exponential
+        backoff (interval x 2^n, at most WRITE_BACKOFF_MAX_S) instead of stepping down
+        and re-acquiring every tick. Raises Fenced on a 409 (the caller steps down)."""
+        views = self.latest_views
+        if views is None or self.election.session_id is None:
+            return
+        now = self.publisher.clock()
+        if now < self._write_retry_at:
+            return
+        try:
+            doc = self.publisher.publish(self.election.session_id, views)
+        except Fenced:
+            raise
+        except ConsulError as exc:
+            self._write_failures += 1
+            delay = min(self.config.controller.interval_s * 2 ** min(self._write_failures, 16), WRITE_BACKOFF_MAX_S)
+            self._write_retry_at = now + delay
+            self.publisher.counters.write_errors += 1
+            if self._write_failures == 1:
+                log.warning("writing the weights failed, keeping the lock and retrying with backoff: %s",
+                            printable(str(exc), 300))
+            return
+        if self._write_failures:
+            log.info("writing the weights works again after %d failed attempts", self._write_failures)
+        self._write_failures, self._write_retry_at = 0, float("-inf")
+        if doc is not None:
+            self.metrics.generation.set(doc.generation)
+            self.metrics.last_write.set(doc.generated_at)
+
     def _read_controls(self) -> None:
         prefix = self.consul_settings.key(kv.CONTROL)
         state = read_key(self.client, prefix, recurse=True)
-        self.operator = parse_controls(state.entries or {}, prefix, self.wall())
+        topology = self.collector.topology
+        self.operator = parse_controls(state.entries or {}, prefix, self.wall(),
+                                       topology.azs if topology.configured else None)
         if self.operator.problems != self._logged_problems:
             for problem in self.operator.problems:
                 log.info("operator control %s", problem)
@@ -264,10 +321,12 @@ class Controller:
         if new.agents.discover != "consul":
             self._pending_targets = [AgentTarget(url) for url in new.agents.static]
         self._last_discovery = -1e9
-        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s) != (
-                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s):
-            log.warning("reload: changes to [controller], [consul], agents.discover or heartbeat_s need a restart")
-        self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety)
+        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s, new.topology) != (
+                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s,
+                self.config.topology):
+            log.warning("reload: changes to [controller], [consul], [topology], agents.discover or heartbeat_s "
+                        "need a restart")
+        self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety, quorum=new.quorum)
         log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
 
     async def run(self, stop: asyncio.Event, address_file: str | None = None) -> None:

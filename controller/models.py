@@ -48,8 +48,9 @@ class Model(Protocol):
     name: str
     degraded_below: float  # the model's own scale: health under this is "degraded"
 
-    def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
-        """Health of every given AZ (all of them, whatever their inputs)."""
+    def evaluate(self, zones: Mapping[str, ZoneStats], *, explain: bool = True) -> dict[str, ZoneHealth]:
+        """Health of every given AZ (all of them, whatever their inputs). explain=False may
+        leave `reasons` empty: the quorum judges every node but shows only the median's."""
         ...
 
 
@@ -79,7 +80,7 @@ class SeedV1Model:
     # so "degraded" must sit lower than on the default model's scale.
     degraded_below = 0.70
 
-    def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
+    def evaluate(self, zones: Mapping[str, ZoneStats], *, explain: bool = True) -> dict[str, ZoneHealth]:
         out: dict[str, ZoneHealth] = {}
         for az, z in zones.items():
             reasons: list[str] = []
@@ -170,7 +171,7 @@ class DefaultModel:
         self.config = config or DefaultModelConfig()
         self.degraded_below = self.config.degraded_below
 
-    def evaluate(self, zones: Mapping[str, ZoneStats]) -> dict[str, ZoneHealth]:
+    def evaluate(self, zones: Mapping[str, ZoneStats], *, explain: bool = True) -> dict[str, ZoneHealth]:
         c = self.config
         latencies = [p for p in (finite(z.p95_ms) for z in zones.values()) if p is not None and p >= 0]
         best = min(latencies) if latencies else None
@@ -187,47 +188,51 @@ class DefaultModel:
             rto = _clip(finite(z.rto_per_conn) or 0.0, 0.0, 1e6)
             effective = fail + c.syn_cost * syn + c.rto_cost * rto
             fpen = _clip((effective - c.failure_tolerance) / c.failure_scale)
-            if s is None:
+            if explain and s is None:
                 reasons.append("success unknown: no connect failures counted")
-            reasons.append(
-                f"failures {100 * fail:.2f}% + syn {fmt(syn, 3)}/conn + rto {fmt(rto, 3)}/conn"
-                f" = effective {fmt(100 * effective, 2)}% -> penalty {fpen:.2f}"
-            )
+            if explain:
+                reasons.append(
+                    f"failures {100 * fail:.2f}% + syn {fmt(syn, 3)}/conn + rto {fmt(rto, 3)}/conn"
+                    f" = effective {fmt(100 * effective, 2)}% -> penalty {fpen:.2f}"
+                )
 
             p95 = finite(z.p95_ms)
             if p95 is None or baseline is None:
                 lpen = 0.0
-                reasons.append("p95 unknown: no latency penalty")
+                if explain:
+                    reasons.append("p95 unknown: no latency penalty")
             else:
                 p95 = max(p95, 0.0)
                 excess = p95 - baseline
                 allowed = c.latency_tolerance_ms + c.latency_tolerance_frac * baseline
                 lpen = _clip((excess - allowed) / c.latency_span_ms)
-                reasons.append(
-                    f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms{baseline_text}"
-                    f" (+{fmt(excess)}, tolerance {fmt(allowed)})"
-                    f" -> penalty {lpen:.2f}"
-                )
+                if explain:
+                    reasons.append(
+                        f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms{baseline_text}"
+                        f" (+{fmt(excess)}, tolerance {fmt(allowed)})"
+                        f" -> penalty {lpen:.2f}"
+                    )
 
             u = finite(z.util)
             if u is None:
                 upen = 0.0
             else:
                 upen = _clip((_clip(u) - c.util_knee) / (1.0 - c.util_knee))
-                if upen > 0:
+                if upen > 0 and explain:
                     reasons.append(f"util {u:.2f} above knee {c.util_knee:.2f} -> penalty {upen:.2f}")
 
             health = _clip(1.0 - (c.w_failure * fpen + c.w_latency * lpen + c.w_util * upen))
             weight = decay_weight(health)
             # share_raw = weight**gamma, computed from H directly so it never underflows to 0
             share_raw = max(math.exp(-DECAY_RATE * c.share_exponent * (1.0 - health)), 1e-300)
-            decided = max(
-                (c.w_failure * fpen, "failures"), (c.w_latency * lpen, "latency"), (c.w_util * upen, "utilisation")
-            )
-            summary = f"health {health:.3f}"
-            if decided[0] > 0:
-                summary += f" (mostly {decided[1]})"
-            reasons.insert(0, summary)
+            if explain:
+                decided = max(
+                    (c.w_failure * fpen, "failures"), (c.w_latency * lpen, "latency"), (c.w_util * upen, "utilisation")
+                )
+                summary = f"health {health:.3f}"
+                if decided[0] > 0:
+                    summary += f" (mostly {decided[1]})"
+                reasons.insert(0, summary)
             out[az] = ZoneHealth(health=health, weight=weight, share_raw=share_raw, reasons=tuple(reasons))
         return out
 

@@ -11,7 +11,11 @@ What is written, and when:
   every heartbeat_s, or on the first write of a term;
 - `generation` strictly increases per write; a new leader reads the current document's
   generation and continues above it (a leader that never saw the old document still
-  cannot go backwards, because that read happens before its first write);
+  cannot go backwards, because that read happens before its first write). A generation
+  above MAX_CONTINUED_GENERATION (2^52), readable or not, is not one a leader wrote
+  (2^52 writes at one a second take 140 million years): numbering restarts at 1, logged,
+  and readers take the new document by its newer `generated_at`. Continuing above it
+  would soon exceed the contract's 2^53 and wedge every later write;
 - `expires_at = generated_at + max(3 * heartbeat_s, 2 * session_ttl_s + lock_delay_s +
   3 * interval_s)`: a reader tolerates two missed heartbeats, and a leader fail-over
   (the old session expiring - Consul may take up to 2 x TTL - plus the lock-delay plus a
@@ -31,12 +35,14 @@ from dataclasses import dataclass, field
 import consul
 
 from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
+from azprobe.consul import MAX_TXN_OPS
 from azprobe.contracts import kv
-from azprobe.contracts.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights
+from azprobe.contracts.weights import MAX_INT, WeightsDoc, WeightsError, ZoneWeights, parse_weights
 
 log = logging.getLogger(__name__)
 
 GLOBAL_VIEW = ""  # the key of the global view in a views mapping; sources use their AZ name
+MAX_CONTINUED_GENERATION = 2**52  # above: not ours, restart the numbering (module docstring)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class PublishCounters:
     conflicts: int = 0
     invalid_docs: int = 0
     skipped_unchanged: int = 0
+    write_errors: int = 0  # transactions Consul failed (not 409s): retried with backoff
+    generation_restarts: int = 0  # implausible generations found in KV
 
 
 @dataclass
@@ -111,6 +119,11 @@ class Publisher:
                     current = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
                 except ValueError:
                     current = 0
+        if current > MAX_CONTINUED_GENERATION:
+            log.warning("the weights document in KV has generation %d, beyond any a leader writes: "
+                        "restarting the numbering at 1 (readers go by generated_at)", current)
+            self.counters.generation_restarts += 1
+            current, self.generation = 0, 0
         self.generation = max(self.generation, current)
         self._last_signatures = None  # first write of a term always goes out
         self._last_write_at = None
@@ -148,7 +161,7 @@ class Publisher:
             return None
         if GLOBAL_VIEW not in views:
             raise ValueError("views must include the global view")
-        generation = self.generation + 1
+        generation = self.generation + 1 if self.generation < MAX_INT else 1
         try:
             docs = self.build(views, generation, self.wall())
         except (WeightsError, ValueError, TypeError) as exc:
@@ -160,6 +173,9 @@ class Publisher:
         self.generation = generation
         ops = [op_check_session(self.settings.key(kv.LEADER), session_id)]
         ops += [op_set(self.view_key(name), doc.dumps()) for name, doc in docs.items()]
+        if len(ops) > MAX_TXN_OPS:  # the topology bounds the views; never let a txn fail on this
+            log.error("%d views exceed one transaction, writing the first %d", len(docs), MAX_TXN_OPS - 1)
+            ops = ops[:MAX_TXN_OPS]
         try:
             txn(self.client, ops)
         except TxnConflict as exc:

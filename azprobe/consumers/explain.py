@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from azprobe.contracts.window import printable
 from azprobe.consul import ConsulSettings, make_client, read_key
 from azprobe.consumers.weights_cli import weights_key_name
 from azprobe.errors import AzprobeError, ConfigError
@@ -34,25 +35,27 @@ def _util(value: float | None) -> str:
 
 
 def describe_doc(doc: WeightsDoc, now: float) -> str:
-    view = f"as seen from {doc.source_az}" if doc.source_az else "global view"
+    view = f"as seen from {printable(doc.source_az)}" if doc.source_az else "global view"
     age = doc.age_s(now)
     if doc.is_stale(now):
         freshness = f"STALE: expired {now - doc.expires_at:.0f} s ago, do not act on it"
     else:
         freshness = f"expires in {doc.expires_at - now:.0f} s"
-    return (f"weights ({view}) generation {doc.generation} by {doc.leader or '?'}, model {doc.model}, "
+    return (f"weights ({view}) generation {doc.generation} by {printable(doc.leader or '?')}, "
+            f"model {printable(doc.model)}, "
             f"state {doc.effective_state(now)}; written {age:.1f} s ago, {freshness}")
 
 
 def describe_zone(az: str, zone: ZoneWeights) -> str:
     lines = [
-        f"{az}: share {zone.share} %, weight {zone.weight:.3f}, health {zone.health:.3f}, state {zone.state}",
+        f"{printable(az)}: share {zone.share} %, weight {zone.weight:.3f}, health {zone.health:.3f}, state {zone.state}",
         f"  inputs: success {_pct(zone.success)}, p95 {_ms(zone.p95_ms)}, util {_util(zone.util)}, "
         f"samples {zone.samples}",
     ]
     if zone.reasons:
         lines.append("  why:")
-        lines += [f"    - {reason}" for reason in zone.reasons]
+        # KV text may hold control characters (any writer can put a document there)
+        lines += [f"    - {printable(reason, 512)}" for reason in zone.reasons]
     else:
         lines.append("  why: (no reasons recorded)")
     return "\n".join(lines)

@@ -3,6 +3,24 @@
 One window per agent interval; `seq` strictly increases within one agent boot
 (`boot_id`). Stats are keyed by path: source AZ -> destination AZ. `parse_window` is the
 one validator every reader uses: it raises `WindowError` with the offending field.
+
+Everything in a window comes from the network, so everything is bounded here, once:
+- names (docs/quorum.md "Identity"): AZ names 1..63 characters, node names 1..253, boot
+  ids 1..128, all of `[A-Za-z0-9._-]` (`is_az_name`, `is_node_name`): a DNS label, a
+  host name, a UUID fit; a control character, a space or a quote never reaches a log line
+  or a terminal;
+- counts: each counter at most MAX_WINDOW_COUNT (2^32) per window (4 billion connects
+  in one window is not traffic), at most MAX_PATHS paths, each (src, dst) once;
+- relations: a connect that completes (ok, refused, timed out) was attempted, either in
+  this window or in an earlier one still in SYN-SENT when this one began, so completions
+  may exceed this window's attempts only by MAX_CONNECT_CARRY (65,536: one node's
+  ephemeral port range; the kernel cannot hold more connects in flight to one
+  destination port). `retrans >= syn_retrans` is NOT required: the agent counts them
+  from different tracepoints;
+- histograms: scheme `loglin-16` (when named), at most its 512 buckets, none beyond its
+  last (2^34 µs; readers merge by lower bound, so other lower bounds are accepted), counts
+  within the count bound;
+- times: 0 <= start <= end <= 1e11, end - start <= MAX_WINDOW_S.
 """
 
 from __future__ import annotations
@@ -11,7 +29,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from azprobe.contracts.sketch import Histogram
+from azprobe.contracts.sketch import (
+    MAX_VALUE_BITS,
+    NUM_BUCKETS,
+    SCHEME,
+    Histogram,
+    bucket_index,
+    bucket_lower_bound,
+)
+
+MAX_BUCKET_LOWER = bucket_lower_bound(bucket_index(2**MAX_VALUE_BITS - 1))
 
 SCHEMA_VERSION = 1
 OTHER_AZ = "other"  # destination outside the topology
@@ -26,7 +53,59 @@ COUNTER_FIELDS = (
     "rto",
 )
 HISTOGRAM_FIELDS = ("rtt_us", "connect_us")
-MAX_COUNT = 2**53  # above this a counter is garbage, not traffic
+MAX_COUNT = 2**32  # per window: above this a counter is garbage, not traffic
+MAX_WINDOW_COUNT = MAX_COUNT
+MAX_CONNECT_CARRY = 65_536  # completions beyond this window's attempts (see the module docstring)
+MAX_PATHS = 1024  # the BPF side has 16 x 16 paths; room for a bigger build, not for garbage
+MAX_WINDOW_S = 3600.0
+MAX_AZ_NAME = 63
+MAX_NODE_NAME = 253
+MAX_BOOT_ID = 128
+NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+NAME_RULE = "letters, digits, '.', '_' and '-'"
+
+
+_KNOWN_NAMES: set[str] = set()  # names already checked: AZ names repeat in every path of every window
+
+
+def _is_name(value: object, limit: int) -> bool:
+    if type(value) is str and value in _KNOWN_NAMES and len(value) <= limit:
+        return True
+    ok = isinstance(value, str) and 0 < len(value) <= limit and NAME_CHARS.issuperset(value)
+    if ok and len(_KNOWN_NAMES) < 100_000:  # bounded: boot ids and fake names do not grow it for ever
+        _KNOWN_NAMES.add(value)  # type: ignore[arg-type]
+    return ok
+
+
+def is_az_name(value: object) -> bool:
+    """An AZ name: 1..63 of [A-Za-z0-9._-] (a DNS label's length)."""
+    return _is_name(value, MAX_AZ_NAME)
+
+
+def is_node_name(value: object) -> bool:
+    """A node name: 1..253 of [A-Za-z0-9._-] (a host name's length)."""
+    return _is_name(value, MAX_NODE_NAME)
+
+
+def name_problem(value: object, limit: int) -> str:
+    """Why `value` is not a valid name of at most `limit` characters ("" when it is)."""
+    if not isinstance(value, str) or not value:
+        return "is empty" if value == "" else "is not a string"
+    if len(value) > limit:
+        return f"has {len(value)} characters, at most {limit} allowed"
+    bad = sorted(set(value) - NAME_CHARS)
+    if bad:
+        return f"contains {bad[0]!r}: only {NAME_RULE} are allowed"
+    return ""
+
+
+def printable(value: object, limit: int = 80) -> str:
+    """Text from the network made safe for a log line or a terminal: control and
+    non-ASCII characters escaped, cut at `limit` characters."""
+    text = (value if isinstance(value, str) else repr(value))[:limit]
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class WindowError(ValueError):
@@ -110,11 +189,11 @@ class Window:
         }
 
 
-def _str(doc: Mapping, key: str, where: str) -> str:
+def _name(doc: Mapping, key: str, where: str, limit: int) -> str:
     value = doc.get(key)
-    if not isinstance(value, str) or not value or len(value) > 253:
-        raise WindowError(f"{where}{key}: expected a non-empty string, got {value!r:.40}")
-    return value
+    if not _is_name(value, limit):
+        raise WindowError(f"{where}{key}: {printable(value, 40)!r} {name_problem(value, limit)}")
+    return value  # type: ignore[return-value]
 
 
 def _is_object(value: object) -> bool:
@@ -123,7 +202,7 @@ def _is_object(value: object) -> bool:
 
 
 def _count_error(where: str, key: str, value: object) -> WindowError:
-    return WindowError(f"{where}{key}: expected a count 0..2^53, got {value!r:.40}")
+    return WindowError(f"{where}{key}: expected a count 0..2^32, got {printable(value, 40)}")
 
 
 def _count(doc: Mapping, key: str, where: str) -> int:
@@ -136,7 +215,7 @@ def _count(doc: Mapping, key: str, where: str) -> int:
 def _number(doc: Mapping, key: str, where: str, lo: float, hi: float) -> float:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise WindowError(f"{where}{key}: expected a number, got {value!r:.40}")
+        raise WindowError(f"{where}{key}: expected a number, got {printable(value, 40)}")
     value = float(value)
     if math.isnan(value) or not lo <= value <= hi:
         raise WindowError(f"{where}{key}: {value} outside {lo}..{hi}")
@@ -156,13 +235,35 @@ def parse_path(doc: object, where: str = "paths[]") -> PathStats:
         if type(value) is not int or not 0 <= value <= MAX_COUNT:
             raise _count_error(prefix, name, value)
         fields[name] = value
+    completed = fields["conn_ok"] + fields["conn_refused"] + fields["conn_timeout"]
+    if completed > fields["conn_attempts"] + MAX_CONNECT_CARRY:
+        raise WindowError(f"{prefix}conn_ok: ok {fields['conn_ok']} + refused {fields['conn_refused']} + timeout "
+                          f"{fields['conn_timeout']} exceed conn_attempts {fields['conn_attempts']} by more than "
+                          f"the {MAX_CONNECT_CARRY} connects one window can carry over")
     for name in HISTOGRAM_FIELDS:
         if name in doc:
-            try:
-                fields[name] = Histogram.from_json(doc[name])
-            except ValueError as exc:
-                raise WindowError(f"{prefix}{name}: {exc}") from None
-    return PathStats(_str(doc, "src", prefix), _str(doc, "dst", prefix), **fields)
+            fields[name] = _histogram(doc[name], prefix + name)
+    return PathStats(_name(doc, "src", prefix, MAX_AZ_NAME), _name(doc, "dst", prefix, MAX_AZ_NAME), **fields)
+
+
+def _histogram(doc: object, where: str) -> Histogram:
+    if _is_object(doc):
+        scheme = doc.get("scheme", SCHEME)  # type: ignore[union-attr]
+        if scheme != SCHEME:
+            raise WindowError(f"{where}.scheme: {printable(scheme, 40)!r} is not {SCHEME!r}")
+    try:
+        hist = Histogram.from_json(doc)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise WindowError(f"{where}: {printable(str(exc), 120)}") from None
+    counts = hist.counts
+    if len(counts) > NUM_BUCKETS:
+        raise WindowError(f"{where}.counts: {len(counts)} buckets exceed {SCHEME}'s {NUM_BUCKETS}")
+    # builtins over the whole dict, not a Python loop: this runs for every path of every window
+    if counts and max(counts) > MAX_BUCKET_LOWER:
+        raise WindowError(f"{where}.counts: bucket {max(counts)} µs is beyond {SCHEME}'s last ({MAX_BUCKET_LOWER})")
+    if counts and max(counts.values()) > MAX_COUNT:
+        raise WindowError(f"{where}.counts: a bucket's count {max(counts.values())} exceeds {MAX_COUNT}")
+    return hist
 
 
 def parse_window(doc: object) -> Window:
@@ -178,14 +279,21 @@ def parse_window(doc: object) -> Window:
     paths = doc.get("paths")
     if not isinstance(paths, list):
         raise WindowError("paths: expected a list")
+    if len(paths) > MAX_PATHS:
+        raise WindowError(f"paths: {len(paths)} paths exceed {MAX_PATHS}")
     start = _number(doc, "start", "", 0, 1e11)
     end = _number(doc, "end", "", 0, 1e11)
     if end < start:
         raise WindowError(f"end: {end} is before start {start}")
+    if end - start > MAX_WINDOW_S:
+        raise WindowError(f"start: the window spans {end - start:.0f} s, at most {MAX_WINDOW_S:.0f} s")
+    parsed = [parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)]
+    if len({(p.src, p.dst) for p in parsed}) != len(parsed):
+        raise WindowError("paths: a (src, dst) path appears twice")
     return Window(
-        node=_str(doc, "node", ""),
-        az=_str(doc, "az", ""),
-        boot_id=_str(doc, "boot_id", ""),
+        node=_name(doc, "node", "", MAX_NODE_NAME),
+        az=_name(doc, "az", "", MAX_AZ_NAME),
+        boot_id=_name(doc, "boot_id", "", MAX_BOOT_ID),
         seq=_count(doc, "seq", ""),
         start=start,
         end=end,
@@ -193,6 +301,6 @@ def parse_window(doc: object) -> Window:
             cpu=_number(util, "cpu", "util.", 0.0, 1.0),
             mem=_number(util, "mem", "util.", 0.0, 1.0),
         ),
-        paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
+        paths=parsed,
         lost_events=_count(doc, "lost_events", ""),
     )

@@ -37,6 +37,7 @@ class Waiter:
 class Waiters:
     def __init__(self) -> None:
         self._by_table: dict[str, set[Waiter]] = {}
+        self.closed = False
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._by_table.values())
@@ -45,6 +46,17 @@ class Waiters:
         waiter = Waiter(table, prefix, any_key, asyncio.get_running_loop().create_future())
         self._by_table.setdefault(table, set()).add(waiter)
         return waiter
+
+    def release_all(self) -> None:
+        """Shutting down: every parked query answers now (with what it has), so the
+        server stops at once instead of waiting out each query's `wait`; later queries
+        do not park at all."""
+        self.closed = True
+        for waiters in self._by_table.values():
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_result(False)
+        self._by_table.clear()
 
     def discard(self, waiter: Waiter) -> None:
         self._by_table.get(waiter.table, set()).discard(waiter)
@@ -68,8 +80,8 @@ class Waiters:
         return any(key.startswith(prefix) for key in commit.kv_keys)
 
     async def wait(self, waiter: Waiter, timeout: float) -> bool:
-        """True when woken by a commit, False on timeout."""
-        if timeout <= 0:
+        """True when woken by a commit, False on timeout (or shutdown)."""
+        if timeout <= 0 or self.closed:
             self.discard(waiter)
             return False
         loop = asyncio.get_running_loop()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import click
 from aiohttp import web
@@ -18,8 +20,12 @@ from azprobe.errors import AzprobeError, ConfigError
 log = logging.getLogger(__name__)
 
 
+SHUTDOWN_TIMEOUT_S = 2.0  # requests still running this long after SIGTERM are cut
+
+
 async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir: str | None,
-                acl_master_token: str | None, address_file: str | None = None) -> None:
+                acl_master_token: str | None, max_conns_per_client: int = 200,
+                address_file: str | None = None) -> None:
     from azprobe.dev.devconsul.http import build_app
     from azprobe.dev.devconsul.server import DevConsulServer
 
@@ -33,7 +39,11 @@ async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir:
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError("--data-dir", f"the snapshot in {data_dir!r} is unreadable: {exc}",
                           "restore it from a backup or move it away to start empty") from None
-    runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)
+    # handler_cancellation: a client that hangs up frees its blocking query (and its slot
+    # under --max-conns-per-client) at once, as Consul does, instead of after its `wait`.
+    # Safe: every store commit is synchronous, so a cancel can only land on an await.
+    runner = web.AppRunner(build_app(server, max_conns_per_client), access_log=None, handle_signals=False,
+                           shutdown_timeout=SHUTDOWN_TIMEOUT_S, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:
@@ -57,6 +67,9 @@ async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir:
     try:
         await stop.wait()
     finally:
+        # Parked blocking queries answer first (a gone client's would otherwise hold the
+        # shutdown for its whole `wait`, ~62 s), then the rest get SHUTDOWN_TIMEOUT_S.
+        server.waiters.release_all()
         await runner.cleanup()
 
 
@@ -67,20 +80,43 @@ async def serve(host: str, port: int, node_name: str, datacenter: str, data_dir:
               help="Once serving, write the bound host:port here (for --http-addr port 0).")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False),
               help="Keep state here (write-ahead log + snapshot); default: in memory only.")
-@click.option("--acl-master-token", default=None, envvar="DEVCONSUL_ACL_MASTER_TOKEN",
-              help="Enable ACLs (default deny) with this management token.")
+@click.option("--acl-master-token-file", default=None, type=click.Path(dir_okay=False),
+              help="Enable ACLs (default deny) with the management token in this file (or set "
+                   "DEVCONSUL_ACL_MASTER_TOKEN). Never on the command line: /proc/PID/cmdline shows it.")
+@click.option("--max-conns-per-client", default=200, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Concurrent requests one client IP may hold (Consul's limits.http_max_conns_per_client); "
+                   "more get 429.")
 @click.option("--node-name", default=None, help="This node's name in the catalog [default: hostname].")
 @click.option("--datacenter", default="dc1", show_default=True, help="Datacenter name.")
 def devconsul_command(http_addr: str, address_file: str | None, data_dir: str | None,
-                      acl_master_token: str | None, node_name: str | None, datacenter: str) -> None:
+                      acl_master_token_file: str | None,
+                      max_conns_per_client: int, node_name: str | None, datacenter: str) -> None:
     """Embedded server speaking Consul's HTTP API (KV, txn, sessions, status, catalog)."""
     host, port = parse_host_port(http_addr, "--http-addr", listen=True)
-    if acl_master_token is not None and not acl_master_token.strip():
-        raise ConfigError("--acl-master-token", "is empty", "give a non-empty token or leave the flag out")
+    acl_master_token = master_token(acl_master_token_file, os.environ.get("DEVCONSUL_ACL_MASTER_TOKEN"))
     if not datacenter or not datacenter.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("--datacenter", f"{datacenter!r} is not a valid name", "use letters, digits, - and _")
     asyncio.run(serve(host, port, node_name or socket.gethostname(), datacenter, data_dir, acl_master_token,
-                      address_file))
+                      max_conns_per_client, address_file))
+
+
+def master_token(path: str | None, env_value: str | None) -> str | None:
+    """The ACL master token from --acl-master-token-file, else DEVCONSUL_ACL_MASTER_TOKEN;
+    None: ACLs off."""
+    if path is not None:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError("--acl-master-token-file", f"cannot read {path!r}: {exc.strerror or exc}",
+                              "give a readable file holding the token") from None
+        if not token:
+            raise ConfigError("--acl-master-token-file", f"{path!r} is empty", "put the token in it")
+        return token
+    if env_value is not None:
+        if not env_value.strip():
+            raise ConfigError("DEVCONSUL_ACL_MASTER_TOKEN", "is empty", "set a token or unset the variable")
+        return env_value.strip()
+    return None
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 @lru_cache(maxsize=256)  # watchers send the same "30s" thousands of times a second
 def parse_go_duration_ns(text: str) -> int:
     """"1m30s" -> 90_000_000_000. Raises ValueError with Go's wording on bad input."""
+    shown = text if len(text) <= 64 else text[:61] + "..."  # errors echo the input, bounded
     s = text.strip()
     sign = 1
     if s[:1] in "+-" and s:
@@ -22,7 +23,7 @@ def parse_go_duration_ns(text: str) -> int:
     if s == "0":
         return 0
     if not s:
-        raise ValueError(f'time: invalid duration "{text}"')
+        raise ValueError(f'time: invalid duration "{shown}"')
     total = 0.0
     pos = 0
     for match in _PART.finditer(s):
@@ -32,7 +33,9 @@ def parse_go_duration_ns(text: str) -> int:
         pos = match.end()
     if pos != len(s) or pos == 0:
         if re.fullmatch(r"[\d.]+", s):
-            raise ValueError(f'time: missing unit in duration "{text}"')
-        raise ValueError(f'time: invalid duration "{text}"')
+            raise ValueError(f'time: missing unit in duration "{shown}"')
+        raise ValueError(f'time: invalid duration "{shown}"')
+    if not total < 2**63:  # Go: "time: invalid duration" on int64 overflow (also inf from 1e400-ish digits)
+        raise ValueError(f'time: invalid duration "{shown}"')
     return sign * int(round(total))
 

@@ -8,6 +8,9 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
+import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,6 +28,11 @@ from azprobe.dev.devconsul.store import (DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_
 KV_MAX_VALUE_SIZE = 512 * 1024  # Consul's kv_max_value_size default (raft's suggested max)
 MAX_TXN_OPS = 128
 LOCK_DELAY_MIN_THRESHOLD_NS = 1000  # Consul: lock delays below this are seconds, not ns
+MAX_LOCK_DELAY_NS = 60 * 1_000_000_000  # Consul's structs.MaxLockDelay: longer ones are clamped to it
+BODY_READ_TIMEOUT_S = 10.0  # a request body that has not arrived by then is a 408, not a parked handler
+DEFAULT_MAX_CONNS_PER_CLIENT = 200  # Consul's limits.http_max_conns_per_client
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVER_KEY = web.AppKey("devconsul", DevConsulServer)
@@ -93,8 +101,17 @@ def _parse_uint(text: str) -> int:
     return int(text)
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The request body, within BODY_READ_TIMEOUT_S: a client that sends headers and then
+    trickles (or never sends) its body must not hold a handler for ever."""
+    try:
+        return await asyncio.wait_for(request.read(), BODY_READ_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise HTTPError(408, f"Request body not received within {BODY_READ_TIMEOUT_S:g}s") from None
+
+
 async def _json_body(request: web.Request, prefix: str = "Request decode failed") -> Any:
-    raw = await request.read()
+    raw = await _read_body(request)
     if not raw.strip():
         return None
     try:
@@ -280,7 +297,7 @@ async def _kv_put(request: web.Request, key: str) -> web.StreamResponse:
     length = request.content_length
     if length is not None and length > KV_MAX_VALUE_SIZE:
         raise HTTPError(413, _too_large(length))
-    value = await request.read()
+    value = await _read_body(request)
     if len(value) > KV_MAX_VALUE_SIZE:
         raise HTTPError(413, _too_large(len(value)))
     try:
@@ -402,11 +419,14 @@ def _parse_lock_delay(raw: Any) -> int:
             ns = parse_go_duration_ns(raw)
         except ValueError as exc:
             raise HTTPError(400, f"Request decode failed: {exc}") from None
-    elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+    elif isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and abs(raw) < 2**63:
         ns = int(raw)
     else:
         raise HTTPError(400, "Request decode failed: LockDelay must be a duration string or a number")
-    return ns * 1_000_000_000 if ns < LOCK_DELAY_MIN_THRESHOLD_NS else ns
+    if ns < 0:
+        raise HTTPError(400, "Request decode failed: LockDelay must not be negative")
+    ns = ns * 1_000_000_000 if ns < LOCK_DELAY_MIN_THRESHOLD_NS else ns
+    return min(ns, MAX_LOCK_DELAY_NS)  # Consul clamps to structs.MaxLockDelay (60 s)
 
 
 async def session_create(request: web.Request) -> web.StreamResponse:
@@ -421,11 +441,13 @@ async def session_create(request: web.Request) -> web.StreamResponse:
     lock_delay = _field(body, "LockDelay")
     lock_delay_ns = DEFAULT_LOCK_DELAY_NS if lock_delay is None else _parse_lock_delay(lock_delay)
     ttl = _field(body, "TTL") or ""
+    if not isinstance(ttl, str):
+        raise HTTPError(400, "Request decode failed: TTL must be a duration string")
     if ttl:
         try:
             ttl_ns = parse_go_duration_ns(ttl)
-        except ValueError as exc:
-            raise HTTPError(500, f"Session TTL '{ttl}' invalid: {exc}") from None
+        except ValueError as exc:  # a decode error: Consul's 400, as for any bad duration
+            raise HTTPError(400, f"Request decode failed: Session TTL '{ttl[:64]}' invalid: {exc}") from None
         if ttl_ns != 0 and not SESSION_TTL_MIN_NS <= ttl_ns <= SESSION_TTL_MAX_NS:
             raise HTTPError(500, f"Invalid Session TTL '{ttl_ns}', must be between [10s=24h0m0s]")
     checks = _field(body, "NodeChecks")
@@ -520,12 +542,27 @@ async def agent_self(request: web.Request) -> web.StreamResponse:
     return _json({
         "Config": {"Datacenter": server.datacenter, "PrimaryDatacenter": server.datacenter,
                    "NodeName": server.node_name, "NodeID": server.node_id, "Revision": "devconsul",
-                   "Server": True, "Version": VERSION, "BuildDate": "2026-01-01T00:00:00Z"},
+                   "Server": True, "Version": VERSION, "BuildDate": "2026-01-01T00:00:00Z",
+                   "SegmentName": "", "VersionMetadata": "", "VersionPrerelease": ""},
         "Member": {"Name": server.node_name, "Addr": server.advertise_addr, "Port": 8301,
-                   "Tags": {"role": "consul", "dc": server.datacenter, "build": VERSION, "port": "8300"},
-                   "Status": 1},
+                   "Tags": {"role": "consul", "dc": server.datacenter, "build": VERSION, "port": "8300",
+                            "id": server.node_id, "bootstrap": "1"},
+                   "Status": 1, "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
+                   "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4},
         "Meta": {"consul-network-segment": ""},
-        "Stats": {"consul": {"leader": "true", "known_servers": "1", "server": "true"}},
+        # the fields Consul's clients read (consul members/info, Vault, Nomad, py-consul users)
+        "Stats": {
+            "agent": {"check_monitors": "0", "check_ttls": "0", "checks": "0", "services": "0"},
+            "build": {"prerelease": "", "revision": "devconsul", "version": VERSION},
+            "consul": {"acl": "enabled" if server.acl.enabled else "disabled", "bootstrap": "true",
+                       "known_datacenters": "1", "leader": "true", "leader_addr": server.leader_addr,
+                       "server": "true"},
+            "raft": {"state": "Leader", "num_peers": "0", "applied_index": str(server.store.index),
+                     "commit_index": str(server.store.index), "last_log_index": str(server.store.index)},
+            "runtime": {"arch": "amd64", "os": "linux", "cpu_count": str(os.cpu_count() or 1),
+                        "goroutines": "0", "max_procs": str(os.cpu_count() or 1), "version": "python"},
+            "serf_lan": {"members": "1", "failed": "0", "left": "0", "health_score": "0"},
+        },
         "xDS": None,
     })
 
@@ -699,8 +736,19 @@ async def devconsul_debug(request: web.Request) -> web.StreamResponse:
 
 # ------------------------------------------------------------------ app
 
+_IN_FLIGHT = web.AppKey("in_flight_by_client", dict)
+_MAX_PER_CLIENT = web.AppKey("max_conns_per_client", int)
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # Consul's limits.http_max_conns_per_client: one client IP may not hold more than this
+    # many requests at once (blocking queries hold theirs); beyond it, 429.
+    peer = request.remote or ""
+    in_flight = request.app[_IN_FLIGHT]
+    if in_flight.get(peer, 0) >= request.app[_MAX_PER_CLIENT]:
+        return _text(429, f"Too many connections from {peer}: limit {request.app[_MAX_PER_CLIENT]} per client\n")
+    in_flight[peer] = in_flight.get(peer, 0) + 1
     try:
         return await handler(request)
     except HTTPError as exc:
@@ -709,6 +757,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _text(404, "404 page not found\n")
     except web.HTTPRequestEntityTooLarge as exc:
         return _text(413, f"Request body too large: {exc.text}")
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # a bug: one line in the log and Consul's plain 500, never a traceback page
+        log.error("%s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
+        return _text(500, f"Internal error: {type(exc).__name__}\n")
+    finally:
+        left = in_flight[peer] - 1
+        if left:
+            in_flight[peer] = left
+        else:
+            del in_flight[peer]
 
 
 ROUTES: list[tuple[str, Handler]] = [
@@ -736,10 +795,12 @@ ROUTES: list[tuple[str, Handler]] = [
 ]
 
 
-def build_app(server: DevConsulServer) -> web.Application:
+def build_app(server: DevConsulServer, max_conns_per_client: int = DEFAULT_MAX_CONNS_PER_CLIENT) -> web.Application:
     # room above the 512 KB value limit, so an oversized value gets Consul's own 413 text
     app = web.Application(middlewares=[_errors], client_max_size=4 * 1024 * 1024)
     app[SERVER_KEY] = server
+    app[_IN_FLIGHT] = {}
+    app[_MAX_PER_CLIENT] = max_conns_per_client
     app[_BODY_CACHE] = {}
     for path, handler in ROUTES:
         app.router.add_route("*", path, handler)

@@ -32,11 +32,13 @@ from azprobe.address_file import wait_for_address_file
 class DevConsul:
     def __init__(self, data_dir: str | Path | None = None, acl_master_token: str | None = None,
                  port: int | None = None, node_name: str = "devconsul-test",
-                 start_timeout: float = 15.0) -> None:
+                 start_timeout: float = 15.0, max_conns_per_client: int = 512) -> None:
         self.host = "127.0.0.1"
         self.port = port or 0  # 0 until the first start() learns the bound port
         self.data_dir = Path(data_dir) if data_dir is not None else None
-        self.acl_master_token = acl_master_token
+        self.acl_master_token = acl_master_token  # passed in the environment, never on argv
+        # above the 200 of Consul (and the CLI default): tests park 200 watchers and still ask /v1/devconsul/debug
+        self.max_conns_per_client = max_conns_per_client
         self.node_name = node_name
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
@@ -63,8 +65,7 @@ class DevConsul:
             cmd += ["--address-file", str(self._address_path)]
         if self.data_dir is not None:
             cmd += ["--data-dir", str(self.data_dir)]
-        if self.acl_master_token:
-            cmd += ["--acl-master-token", self.acl_master_token]
+        cmd += ["--max-conns-per-client", str(self.max_conns_per_client)]
         return cmd
 
     def start(self) -> "DevConsul":
@@ -79,6 +80,9 @@ class DevConsul:
         self._address_path.unlink(missing_ok=True)
         env = dict(os.environ)
         env.pop("CONSUL_HTTP_TOKEN", None)
+        env.pop("DEVCONSUL_ACL_MASTER_TOKEN", None)
+        if self.acl_master_token:
+            env["DEVCONSUL_ACL_MASTER_TOKEN"] = self.acl_master_token
         self.proc = subprocess.Popen(self.command(), stdout=log_fd, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env)
         os.close(log_fd)

@@ -1,0 +1,128 @@
+"""How many lying agents does it take to move a zone's share? (issue 9, docs/quorum.md)
+
+For fleets of 30, 90 and 300 agents (a third per AZ, az-a/az-b/az-c) this drives the
+controller's decision path as the daemon runs it - each node's evidence -> quorum
+(controller/quorum.py) -> safety rules (controller/safety.py), 10 cycles of 1 s with the
+default [quorum] and [safety] settings - and searches the smallest number of liars for
+each attack:
+
+- drain: liars (spread over az-a and az-c, the strongest placement) report az-b failing
+  100 % at 2,000 ms while it is healthy;
+- drain_one_az: the same liars, all in az-a;
+- hide: az-b is really down; liars report it perfect (any volume: volume does not count);
+- everything: liars report every zone failing while az-b is really down (a real drain
+  that panic would cancel).
+
+A share "moves" when any zone's final share differs by more than 3 points from the
+all-honest run's. Prints one line per fleet, then ONE JSON line:
+  {"min_liars": {"30": N, "90": N, "300": N}, "by_attack": {...}}
+(null: no number of liars below the fleet size moves a share with that attack).
+
+    .venv/bin/python bench/liars.py [--fleets 30,90,300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from azprobe.contracts.stats import ZoneStats  # noqa: E402
+from azprobe.controller.models import DefaultModel  # noqa: E402
+from azprobe.controller.quorum import NodeEvidence, QuorumConfig, judge  # noqa: E402
+from azprobe.controller.safety import SafetyConfig, SafetyState, apply_safety  # noqa: E402
+
+AZS = ("az-a", "az-b", "az-c")
+OK = ZoneStats(success=1.0, p95_ms=10.0, util=0.3, samples=250)
+DOWN = ZoneStats(success=0.0, p95_ms=2000.0, util=0.3, samples=250)
+PERFECT = ZoneStats(success=1.0, p95_ms=1.0, util=0.3, samples=2**50)
+CYCLES = 10
+TOLERANCE = 3
+
+Lie = Callable[[str, dict[str, ZoneStats]], dict[str, ZoneStats]]
+
+
+def fleet(n: int, b_down: bool, liars: list[str], lie: Lie) -> list[NodeEvidence]:
+    nodes = []
+    for i in range(n):
+        az = AZS[i % 3]
+        name = f"{az}-{i // 3}"
+        zones = {dst: (DOWN if b_down and dst == "az-b" else OK) for dst in AZS}
+        if name in liars:
+            zones = lie(az, zones)
+        nodes.append(NodeEvidence(name, az, zones))
+    return nodes
+
+
+def shares(nodes: list[NodeEvidence]) -> dict[str, int]:
+    model = DefaultModel()
+    safety = SafetyConfig(degraded_below=model.degraded_below)
+    state = SafetyState()
+    decision = None
+    for cycle in range(CYCLES):
+        view = judge(nodes, model, safety.degraded_threshold, QuorumConfig(), {})[""]
+        decision = apply_safety(view.stats, view.verdicts, now=1000.0 + cycle, state=state, config=safety)
+        state = decision.safety_state
+    assert decision is not None
+    return decision.shares
+
+
+def liar_names(n: int, count: int, sources: tuple[str, ...]) -> list[str]:
+    pool = [f"{az}-{i}" for i in range(n // 3) for az in sources]  # alternating over the sources
+    return pool[:count]
+
+
+ATTACKS: dict[str, tuple[bool, tuple[str, ...], Lie]] = {
+    "drain": (False, ("az-a", "az-c"), lambda az, z: {**z, "az-b": DOWN}),
+    "drain_one_az": (False, ("az-a",), lambda az, z: {**z, "az-b": DOWN}),
+    "hide": (True, ("az-a", "az-b", "az-c"), lambda az, z: {**z, "az-b": PERFECT}),
+    "everything": (True, ("az-a", "az-c"), lambda az, z: {dst: DOWN for dst in z}),
+}
+
+
+def moved(got: dict[str, int], want: dict[str, int]) -> bool:
+    return any(abs(got[az] - want[az]) > TOLERANCE for az in want)
+
+
+def smallest(n: int, attack: str) -> int | None:
+    b_down, sources, lie = ATTACKS[attack]
+    honest = shares(fleet(n, b_down, [], lie))
+    limit = len(liar_names(n, n, sources))
+
+    def moves(count: int) -> bool:
+        return moved(shares(fleet(n, b_down, liar_names(n, count, sources), lie)), honest)
+
+    if not moves(limit):
+        return None
+    lo, hi = 0, limit  # moves(hi) holds; assume monotone in the number of liars, then check
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if moves(mid):
+            hi = mid
+        else:
+            lo = mid
+    assert not moves(hi - 1)
+    return hi
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fleets", default="30,90,300")
+    args = parser.parse_args()
+    by_attack: dict[str, dict[str, int | None]] = {}
+    for n in (int(x) for x in args.fleets.split(",")):
+        found = {attack: smallest(n, attack) for attack in ATTACKS}
+        by_attack[str(n)] = found
+        print(f"fleet {n}: " + ", ".join(f"{a} {v if v is not None else 'never'}" for a, v in found.items()),
+              flush=True)
+    min_liars = {n: min((v for v in found.values() if v is not None), default=None) for n, found in by_attack.items()}
+    print(json.dumps({"min_liars": min_liars, "by_attack": by_attack, "tolerance_points": TOLERANCE,
+                      "cycles": CYCLES}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

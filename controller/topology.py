@@ -1,0 +1,128 @@
+"""The AZ set is the controller's, not the agents' (docs/quorum.md "Topology").
+
+`[topology] azs = ["az-a", "az-b", "az-c"]` lists the AZs weights are published for.
+Everything an agent sends is filtered through it before it reaches any state: a window
+whose own `az` is not configured is dropped whole; a path whose `src` is not the window's
+own `az` (a node measures its own connections, so its source is its own AZ), or whose
+`dst` is neither configured nor `other`, is dropped. Each drop is counted (metrics
+`azprobe_controller_topology_*_total`) and logged at most once a minute with the
+counts, so detector state, metric series, views and `weights/from/<src>` keys can never
+outgrow the configured AZs whatever names agents invent.
+
+Without `[topology]` (configs written before it existed) the controller admits the first
+`max_azs` (default 8) AZ names agents report (their own `az` or a destination), and says
+so in the log: bounded still, but the first names win, so production configs set `azs`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from azprobe.config import Section
+from azprobe.contracts.weights import MAX_ZONES
+from azprobe.contracts.window import MAX_AZ_NAME, OTHER_AZ, Window, name_problem, printable
+from azprobe.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 60.0
+DEFAULT_MAX_AZS = 8
+
+
+@dataclass(frozen=True)
+class TopologySettings:
+    azs: tuple[str, ...] = ()  # empty: learn up to max_azs from the agents' own `az`
+    max_azs: int = DEFAULT_MAX_AZS
+
+
+def parse_topology(section: Section) -> TopologySettings:
+    azs = section.string_list("azs")
+    max_azs = section.integer("max_azs", DEFAULT_MAX_AZS, min=1, max=MAX_ZONES)
+    section.reject_unknown()
+    for az in azs:
+        problem = name_problem(az, MAX_AZ_NAME)
+        if problem or az == OTHER_AZ:
+            raise ConfigError(section.field("azs"), f"{printable(az, 40)!r} {problem or 'is reserved'}",
+                              "use AZ names of letters, digits, '.', '_', '-' (at most 63)")
+    if len(set(azs)) != len(azs):
+        raise ConfigError(section.field("azs"), "lists an AZ twice", "list each AZ once")
+    if len(azs) > MAX_ZONES:
+        raise ConfigError(section.field("azs"), f"{len(azs)} AZs exceed {MAX_ZONES}",
+                          "a weights document holds at most 64 zones")
+    return TopologySettings(azs=tuple(azs), max_azs=len(azs) or max_azs)
+
+
+@dataclass
+class TopologyCounters:
+    windows_unknown_az: int = 0  # the window's own az is not configured: dropped whole
+    paths_foreign_src: int = 0  # src is not the window's own az
+    paths_unknown_dst: int = 0  # dst is neither configured nor `other`
+
+
+@dataclass
+class Topology:
+    """The admitted AZ set and the filter every window passes through."""
+
+    settings: TopologySettings = field(default_factory=TopologySettings)
+    clock: Callable[[], float] = time.monotonic
+    counters: TopologyCounters = field(default_factory=TopologyCounters)
+    learned: list[str] = field(default_factory=list)
+    _logged_at: float = float("-inf")
+    _logged: TopologyCounters = field(default_factory=TopologyCounters)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.settings.azs)
+
+    @property
+    def azs(self) -> tuple[str, ...]:
+        return self.settings.azs if self.configured else tuple(self.learned)
+
+    def knows(self, az: str) -> bool:
+        if self.configured:
+            return az in self.settings.azs
+        if az in self.learned:
+            return True
+        if az != OTHER_AZ and len(self.learned) < self.settings.max_azs:
+            self.learned.append(az)
+            log.info("topology: admitted AZ %s (%d of max_azs %d; set [topology] azs to fix the set)",
+                     az, len(self.learned), self.settings.max_azs)
+            return True
+        return False
+
+    def admit(self, window: Window) -> Window | None:
+        """The window with only the paths the topology allows; None to drop it whole."""
+        c = self.counters
+        if not self.knows(window.az):
+            c.windows_unknown_az += 1
+            self._report(window)
+            return None
+        kept = []
+        for p in window.paths:
+            if p.src != window.az:
+                c.paths_foreign_src += 1
+            elif p.dst != OTHER_AZ and not self.knows(p.dst):
+                c.paths_unknown_dst += 1
+            else:
+                kept.append(p)
+        if len(kept) != len(window.paths):
+            self._report(window)
+            return replace(window, paths=kept)
+        return window
+
+    def _report(self, window: Window) -> None:
+        """At most one line a minute, with what was dropped since the last one."""
+        now = self.clock()
+        if now - self._logged_at < LOG_EVERY_S:
+            return
+        c, last = self.counters, self._logged
+        log.warning("topology: dropped %d windows of unknown AZs, %d paths with a foreign src, %d paths to unknown "
+                    "AZs since the last report (e.g. node %s, az %s); AZs are %s",
+                    c.windows_unknown_az - last.windows_unknown_az, c.paths_foreign_src - last.paths_foreign_src,
+                    c.paths_unknown_dst - last.paths_unknown_dst, printable(window.node, 64),
+                    printable(window.az, 64), ", ".join(self.azs) or "none yet")
+        self._logged_at = now
+        self._logged = replace(c)

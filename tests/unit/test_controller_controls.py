@@ -1,0 +1,36 @@
+"""Operator shifts are bounded: at most 3 days ahead, only AZs of the topology, and
+names from KV never reach a log line with control characters."""
+
+from __future__ import annotations
+
+import json
+
+from azprobe.controller.controls import MAX_SHIFT_S, parse_controls
+
+PREFIX = "azprobe/v1/control/"
+NOW = 1_000_000.0
+
+
+def _shift(az: str, until: float) -> dict[str, bytes]:
+    return {PREFIX + f"shift/{az}": json.dumps({"until": until}).encode()}
+
+
+def test_a_shift_beyond_three_days_is_ignored_and_reported():
+    parsed = parse_controls(_shift("az-b", NOW + MAX_SHIFT_S + 3600), PREFIX, NOW)
+    assert dict(parsed.controls.shifts) == {}
+    assert "at most 72 h" in parsed.problems[0]
+    ok = parse_controls(_shift("az-b", NOW + MAX_SHIFT_S - 60), PREFIX, NOW)
+    assert dict(ok.controls.shifts) == {"az-b": NOW + MAX_SHIFT_S - 60}
+
+
+def test_a_shift_of_an_unknown_az_is_ignored_and_reported():
+    parsed = parse_controls({**_shift("az-x", NOW + 600), **_shift("az-b", NOW + 600)}, PREFIX, NOW,
+                            azs=("az-a", "az-b", "az-c"))
+    assert dict(parsed.controls.shifts) == {"az-b": NOW + 600}
+    assert len(parsed.problems) == 1 and "'az-x' is not an AZ of the topology" in parsed.problems[0]
+
+
+def test_control_key_names_are_printable_in_problems():
+    parsed = parse_controls({PREFIX + "typo\x1b[2J": b"1", **_shift("az\x07b", NOW + 600)}, PREFIX, NOW,
+                            azs=("az-a",))
+    assert parsed.problems and all(p.isprintable() and "\x1b" not in p for p in parsed.problems)
