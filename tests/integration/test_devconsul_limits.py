@@ -14,7 +14,8 @@ import time
 import consul
 import pytest
 
-from azprobe.dev.devconsul.testing import DevConsul, free_port
+from azprobe.dev.devconsul.testing import DevConsul
+from tests.helpers import child_url
 
 HUGE = "1" + "0" * 400 + "s"  # overflows float and int64: Go's ParseDuration says "invalid duration"
 
@@ -76,12 +77,13 @@ def test_a_body_that_never_arrives_is_cut(devconsul, monkeypatch):
 def test_acl_master_token_comes_from_a_file_or_the_environment(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("file-secret\n")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "azprobe.dev.devconsul", "--http-addr", f"127.0.0.1:{port}",
-                             "--acl-master-token-file", str(token_file)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    address_file = tmp_path / "devconsul.addr"
+    proc = subprocess.Popen([sys.executable, "-m", "azprobe.dev.devconsul", "--http-addr", "127.0.0.1:0",
+                             "--address-file", str(address_file), "--acl-master-token-file", str(token_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         line = proc.stdout.readline().decode()
+        port = int(child_url(address_file, proc).rsplit(":", 1)[1])
         assert "acl on" in line
         assert b"file-secret" not in open(f"/proc/{proc.pid}/cmdline", "rb").read()
         c = consul.Consul(host="127.0.0.1", port=port, token="file-secret")
