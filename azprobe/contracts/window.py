@@ -180,9 +180,7 @@ def parse_window(doc: object) -> Window:
         raise WindowError("paths: expected a list")
     start = _number(doc, "start", "", 0, 1e11)
     end = _number(doc, "end", "", 0, 1e11)
-    if end < start:
-        raise WindowError(f"end: {end} is before start {start}")
-    return Window(
+    return check_window(Window(
         node=_str(doc, "node", ""),
         az=_str(doc, "az", ""),
         boot_id=_str(doc, "boot_id", ""),
@@ -195,4 +193,12 @@ def parse_window(doc: object) -> Window:
         ),
         paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
         lost_events=_count(doc, "lost_events", ""),
-    )
+    ))
+
+
+def check_window(window: Window) -> Window:
+    """The rules across a window's fields, shared by every encoding (JSON here, the compact
+    form in windowcodec): per-field types and ranges are each decoder's job."""
+    if window.end < window.start:
+        raise WindowError(f"end: {window.end} is before start {window.start}")
+    return window
