@@ -100,6 +100,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: Any, max_connections: int = MAX_CONNECTIONS) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._count_lock = threading.Lock()
+        self.active = 0  # connections being served now
         self.rejected = 0  # connections answered 503 because every slot was taken
         super().__init__(address, handler)
 
@@ -113,17 +115,24 @@ class BoundedHTTPServer(ThreadingHTTPServer):
                 pass
             self.shutdown_request(request)
             return
+        with self._count_lock:
+            self.active += 1
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release()
+
+    def _release(self) -> None:
+        with self._count_lock:
+            self.active -= 1
+        self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
