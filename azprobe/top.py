@@ -119,18 +119,6 @@ class WindowFollower:
         self.agent_url = self.reader.base_url
         self.windows: deque[Window] = deque(maxlen=keep)
 
-    @property
-    def boot_id(self) -> str | None:
-        return self.reader.boot_id
-
-    @property
-    def node(self) -> str:
-        return self.reader.node
-
-    @property
-    def az(self) -> str:
-        return self.reader.az
-
     def pull(self) -> None:
         try:
             pulled = self.reader.pull()
@@ -161,13 +149,14 @@ def top_command(agent_url: str, interval: float, span: int, as_json: bool, once:
         follower.pull()
         summaries = summarise(follower.windows)
         if as_json:
-            doc = {"node": follower.node, "az": follower.az, "boot_id": follower.boot_id,
+            reader = follower.reader
+            doc = {"node": reader.node, "az": reader.az, "boot_id": reader.boot_id,
                    "windows": len(follower.windows),
                    "last_seq": follower.windows[-1].seq if follower.windows else 0,
                    "paths": [asdict(s) for s in summaries]}
             click.echo(json.dumps(doc, separators=(",", ":")))
         else:
-            title = (f"azprobe top  node {follower.node}  az {follower.az}  last {len(follower.windows)} "
+            title = (f"azprobe top  node {follower.reader.node}  az {follower.reader.az}  last {len(follower.windows)} "
                      f"windows  {time.strftime('%H:%M:%S')}")
             click.echo(("" if once else CLEAR_SCREEN) + render_table(summaries, title))
         sys.stdout.flush()
