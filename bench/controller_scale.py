@@ -34,6 +34,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from azprobe.agenthttp import raise_file_limit  # noqa: E402
 from azprobe.controller.config import parse_config  # noqa: E402
 from azprobe.controller.main import Controller, next_tick, run_event_loop  # noqa: E402
 
@@ -110,6 +111,7 @@ def main() -> None:
             "agents": {"static": [f"http://127.0.0.1:{port}/a/{i}" for i in range(args.agents)],
                        "pull_timeout_s": 0.8},
         })
+        raise_file_limit()  # as the daemon does, before the collector sizes its pool
         controller = Controller(config)
         result = run_event_loop(run(controller, args.cycles, args.warmup, args.interval))
         t = psutil.Process(server.pid).cpu_times()

@@ -51,6 +51,7 @@ class AgentsSettings:
     token_file: str = ""  # the agents' bearer token (agent.token_file), sent on every pull
     token: str = field(default="", repr=False)  # its content, read at load
     max_body_bytes: int = MAX_BODY_BYTES  # a /v1/windows body above this is refused
+    concurrency: int = 1024  # pulls in flight (docs/scale.md: more batch better on a busy box)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ def parse_agents(section: Section) -> AgentsSettings:
         service=section.string("service", AGENT_SERVICE) or AGENT_SERVICE,
         token_file=section.string("token_file", ""),
         max_body_bytes=section.integer("max_body_bytes", MAX_BODY_BYTES, min=64 * 1024, max=256 * 1024 * 1024),
+        concurrency=section.integer("concurrency", 1024, min=1, max=8192),
     )
     if settings.token_file:
         try:

@@ -69,7 +69,8 @@ class Controller:
                                    stale_after_s=config.safety.stale_after_s,
                                    cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
                                    slot_s=min(c.interval_s, c.evaluation_window_s / 5),
-                                   token=config.agents.token, max_body_bytes=config.agents.max_body_bytes)
+                                   token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
+                                   concurrency=config.agents.concurrency)
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.policy = Policy(load_model_from(config.model), config.safety)
         self.safety_states: dict[str, SafetyState] = {}
