@@ -335,9 +335,10 @@ class AgentHttpClient:
         reset) or HttpError (malformed, or a body over the cap)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        if "\n" in extra.replace("\r\n", "") or "\r" in extra.replace("\r\n", ""):
-            raise HttpError("header values must be one line")
+        headers = headers or {}
+        if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in headers.items()):
+            raise HttpError("a request header must be one line")
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         raw = (f"GET {ep.path}{path_and_query} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
                f"User-Agent: {self._user_agent}\r\n{extra}\r\n").encode("latin-1")
         key = (ep.scheme, ep.host, ep.port)
