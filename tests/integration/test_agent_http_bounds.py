@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import pytest
 
 from azprobe.agent.config import parse_agent_config
+from azprobe.agentclient import AgentHttpStatus, WindowReader
 from azprobe.agent.http import BoundedHTTPServer, make_server, serve_in_background
 from azprobe.contracts.window import Window, parse_window
 from azprobe.contracts.windowcodec import COMPACT_TYPE
@@ -196,3 +197,12 @@ def test_token_files_in_both_configs(tmp_path):
             parse_config({"controller": {"name": "c", "listen": "127.0.0.1:9741"},
                           "consul": {"address": "http://127.0.0.1:8500"},
                           "agents": {"static": ["http://127.0.0.1:9740"], "token_file": str(bad)}})
+
+
+def test_the_blocking_reader_sends_the_token_too():
+    """`azprobe top` and the demo read through WindowReader (compact encoding)."""
+    with agent_server(token=TOKEN) as (server, url):
+        with pytest.raises(AgentHttpStatus, match="HTTP 401"):
+            WindowReader(url).pull()
+        pulled = WindowReader(url, token=TOKEN).pull()
+        assert [w.seq for w in pulled.windows] == [1, 2] and not pulled.errors
