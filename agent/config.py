@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from azprobe.agentclient import read_token_file
 from azprobe.config import Section, load_toml, parse_host_port, parse_topology
 from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, name_problem, printable
 from azprobe.errors import ConfigError
@@ -25,6 +26,8 @@ class AgentConfig:
     interval_s: float
     ring_size: int
     topology: dict[str, list[IPNetwork]]
+    token_file: str = ""  # a bearer token every /v1/* request must carry (docs/scale.md)
+    token: str = field(default="", repr=False)
 
 
 def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
@@ -47,6 +50,14 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"), listen=True)
     interval_s = agent.number("interval_s", 1.0, min=0.1, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)
+    token_file = agent.string("token_file", "")
+    token = ""
+    if token_file:
+        try:
+            token = read_token_file(token_file)
+        except ValueError as exc:
+            raise ConfigError(agent.field("token_file"), str(exc),
+                              "write one random token (e.g. `openssl rand -hex 32`) to it, mode 0600") from None
     agent.reject_unknown()
     root.reject_unknown()
     if not topology:
@@ -55,7 +66,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
         raise ConfigError("node.az", f"{az!r} is not an AZ of [topology]",
                           f"use one of {', '.join(sorted(topology))}")
     return AgentConfig(node=name, az=az, listen=listen, interval_s=interval_s,
-                       ring_size=ring_size, topology=topology)
+                       ring_size=ring_size, topology=topology, token_file=token_file, token=token)
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

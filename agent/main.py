@@ -96,7 +96,7 @@ class Agent:
         self._prev_end = time.time()
         self._last_tick = time.monotonic()
         try:
-            self._server = make_server(self.listen[0], self.listen[1], self)
+            self._server = make_server(self.listen[0], self.listen[1], self, token=self.config.token)
         except OSError as exc:
             raise PrerequisiteError(f"agent.listen {self.listen[0]}:{self.listen[1]}: {exc.strerror}; "
                                     "pass --listen with a free address") from None
@@ -222,8 +222,8 @@ class Agent:
     def _header(self) -> dict:
         return {"node": self.config.node, "az": self.config.az, "boot_id": self.boot_id}
 
-    def windows_doc(self, after: int) -> dict:
-        return {**self._header(), "windows": [w.to_json() for w in self.ring.after(after)]}
+    def windows_page(self, after: int) -> tuple[dict[str, str], list[Window]]:
+        return self._header(), self.ring.after(after)
 
     def events_doc(self, after: int) -> dict:
         events = [e for e in list(self._events) if e["id"] > after]

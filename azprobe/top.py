@@ -13,21 +13,47 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from azprobe.errors import PrerequisiteError
-from azprobe.contracts.window import PathStats, Window, WindowError, parse_window, printable
+from azprobe.agentclient import WindowReader, read_token_file, request_headers
+from azprobe.agenthttp import HttpError
+from azprobe.errors import ConfigError, PrerequisiteError
+from azprobe.contracts.window import PathStats, Window, WindowError
 
 DEFAULT_AGENT = "http://127.0.0.1:9740"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
-def fetch_json(url: str, timeout: float = 2.0) -> dict:
+MAX_DOC_BYTES = 4 * 1024 * 1024
+TOKEN_FILE_HELP = "File holding the agent's bearer token (agent.token_file), when it requires one."
+
+
+def fetch_json(url: str, timeout: float = 2.0, token: str = "") -> dict:
     """GET a JSON document from an agent; an unreachable agent is a PrerequisiteError."""
+    headers = request_headers(token)
+    headers["Accept"] = "application/json"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.load(resp)
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+            body = resp.read(MAX_DOC_BYTES + 1)
+            if len(body) > MAX_DOC_BYTES:
+                raise ValueError(f"more than {MAX_DOC_BYTES} bytes")
+            return json.loads(body)
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise PrerequisiteError(f"cannot read {url}: {reason} (is `azprobe agent` running there? pass --agent URL)") from None
+        raise _unreachable(url, exc) from None
+
+
+def _unreachable(url: str, exc: BaseException) -> PrerequisiteError:
+    reason = getattr(exc, "reason", exc)
+    if getattr(exc, "code", None) in (401, 403) or "HTTP 401" in str(exc) or "HTTP 403" in str(exc):
+        return PrerequisiteError(f"cannot read {url}: {reason} (the agent needs its token: pass --token-file)")
+    return PrerequisiteError(f"cannot read {url}: {reason} (is `azprobe agent` running there? pass --agent URL)")
+
+
+def token_from_option(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        return read_token_file(path)
+    except ValueError as exc:
+        raise ConfigError("--token-file", str(exc), "pass the file the agent reads as agent.token_file") from None
 
 
 @dataclass
@@ -83,29 +109,28 @@ def render_table(summaries: list[PathSummary], title: str) -> str:
 
 
 class WindowFollower:
-    """Pulls new windows incrementally; starts over when the agent restarts (new boot_id)."""
+    """The agent's last `keep` windows; starts over when the agent restarts (new boot_id)."""
 
-    def __init__(self, agent_url: str, keep: int) -> None:
-        self.agent_url = agent_url.rstrip("/")
+    def __init__(self, agent_url: str, keep: int, token: str = "") -> None:
+        try:
+            self.reader = WindowReader(agent_url, token=token)
+        except HttpError as exc:
+            raise ConfigError("--agent", str(exc), "for example http://127.0.0.1:9740") from None
+        self.agent_url = self.reader.base_url
         self.windows: deque[Window] = deque(maxlen=keep)
-        self.boot_id: str | None = None
-        self.node = self.az = ""
 
     def pull(self) -> None:
-        after = self.windows[-1].seq if self.windows else 0
-        doc = fetch_json(f"{self.agent_url}/v1/windows?after={after}")
-        if doc.get("boot_id") != self.boot_id:
-            if self.boot_id is not None and after:
-                self.windows.clear()
-                doc = fetch_json(f"{self.agent_url}/v1/windows?after=0")
-            self.boot_id = doc.get("boot_id")
-        # shown in the title: from the network, so never a control character
-        self.node, self.az = printable(doc.get("node", ""), 64), printable(doc.get("az", ""), 64)
         try:
-            for w in doc.get("windows", []):
-                self.windows.append(parse_window(w))
+            pulled = self.reader.pull()
         except WindowError as exc:
-            raise PrerequisiteError(f"agent {self.agent_url} sent a bad window: {exc}") from None
+            raise PrerequisiteError(f"agent {self.agent_url} sent a bad response: {exc}") from None
+        except (OSError, ValueError) as exc:  # unreachable, HTTP status, body over the cap
+            raise _unreachable(f"{self.agent_url}/v1/windows", exc) from None
+        if pulled.errors:
+            raise PrerequisiteError(f"agent {self.agent_url} sent a bad window: {pulled.errors[0]}")
+        if pulled.restarted:
+            self.windows.clear()
+        self.windows.extend(pulled.windows)
 
 
 @click.command("top")
@@ -114,20 +139,24 @@ class WindowFollower:
 @click.option("--windows", "span", default=5, show_default=True, type=click.IntRange(1, 300), help="Windows merged per row.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one document per refresh).")
 @click.option("--once", is_flag=True, help="Print once and exit.")
-def top_command(agent_url: str, interval: float, span: int, as_json: bool, once: bool) -> None:
+@click.option("--token-file", type=click.Path(dir_okay=False), envvar="AZPROBE_AGENT_TOKEN_FILE",
+              help=TOKEN_FILE_HELP)
+def top_command(agent_url: str, interval: float, span: int, as_json: bool, once: bool,
+                token_file: str | None) -> None:
     """Live per-path table: P95 RTT, P95 connect, conn/s, failure %, SYN retransmits, RTOs."""
-    follower = WindowFollower(agent_url, keep=span)
+    follower = WindowFollower(agent_url, keep=span, token=token_from_option(token_file))
     while True:
         follower.pull()
         summaries = summarise(follower.windows)
         if as_json:
-            doc = {"node": follower.node, "az": follower.az, "boot_id": follower.boot_id,
+            reader = follower.reader
+            doc = {"node": reader.node, "az": reader.az, "boot_id": reader.boot_id,
                    "windows": len(follower.windows),
                    "last_seq": follower.windows[-1].seq if follower.windows else 0,
                    "paths": [asdict(s) for s in summaries]}
             click.echo(json.dumps(doc, separators=(",", ":")))
         else:
-            title = (f"azprobe top  node {follower.node}  az {follower.az}  last {len(follower.windows)} "
+            title = (f"azprobe top  node {follower.reader.node}  az {follower.reader.az}  last {len(follower.windows)} "
                      f"windows  {time.strftime('%H:%M:%S')}")
             click.echo(("" if once else CLEAR_SCREEN) + render_table(summaries, title))
         sys.stdout.flush()

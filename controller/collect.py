@@ -24,33 +24,22 @@ from __future__ import annotations
 import asyncio
 import enum
 import heapq
-import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from azprobe.contracts.window import OTHER_AZ, PathStats, Utilisation, Window, WindowError, parse_window, printable
-from azprobe.controller.agent_http import AgentHttpClient, Endpoint
+from azprobe.agentclient import pull_page
+from azprobe.agenthttp import MAX_BODY_BYTES, AgentHttpClient, Endpoint
+from azprobe.contracts.window import OTHER_AZ, PathStats, Utilisation, Window, WindowError, printable
+from azprobe.contracts.windowcodec import PendingWindow, WindowsPage, page_from_doc
 from azprobe.controller.merge import Aggregate
 from azprobe.controller.topology import Topology
 
 log = logging.getLogger(__name__)
 
 RESTART_LOG_EVERY_S = 60.0
-
-
-def _raw_int(doc: object, key: str) -> int | None:
-    value = doc.get(key) if isinstance(doc, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53 else None
-
-
-def _raw_number(doc: object, key: str) -> float | None:
-    value = doc.get(key) if isinstance(doc, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 class AgentState(str, enum.Enum):
@@ -307,6 +296,8 @@ class Collector:
         slot_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         topology: Topology | None = None,
+        token: str = "",
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.topology = topology or Topology()
         self.pull_timeout_s = pull_timeout_s
@@ -319,7 +310,9 @@ class Collector:
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()
         self._new: list[Window] = []  # stored since the last take_new(): the detector's input
-        self._http = AgentHttpClient(max_idle_per_host=concurrency)
+        self.token = token  # sent as a bearer token to agents that require one
+        self._http = AgentHttpClient(max_idle_per_host=concurrency, max_body_bytes=max_body_bytes,
+                                     user_agent="azprobe-controller")
         self._endpoints: dict[str, Endpoint] = {}
 
     # --- targets -------------------------------------------------------------------
@@ -345,17 +338,16 @@ class Collector:
         return out
 
     # --- ingest (pure given a response body; unit-tested without HTTP) ---------------
-    def needs_repull(self, cursor: AgentCursor, body: Mapping) -> bool:
+    def needs_repull(self, cursor: AgentCursor, body: WindowsPage | dict) -> bool:
         """A new boot_id answering `after=N>0` may have hidden seqs 1..N of the new boot."""
-        boot_id = body.get("boot_id")
+        boot_id = body.boot_id if isinstance(body, WindowsPage) else body.get("boot_id")
         return cursor.boot_id is not None and boot_id != cursor.boot_id and cursor.last_seq > 0
 
-    def ingest(self, cursor: AgentCursor, body: object, now: float) -> int:
-        """Apply one /v1/windows response to the cursor and the store; returns windows stored."""
-        if not isinstance(body, dict) or not isinstance(body.get("windows"), list) \
-                or not isinstance(body.get("boot_id"), str) or not body.get("boot_id"):
-            raise ValueError("response is not {node, az, boot_id, windows: [...]}")
-        boot_id: str = body["boot_id"]
+    def ingest(self, cursor: AgentCursor, body: WindowsPage | object, now: float) -> int:
+        """Apply one /v1/windows response (a decoded page, or a JSON document) to the
+        cursor and the store; returns windows stored."""
+        page = body if isinstance(body, WindowsPage) else page_from_doc(body)
+        boot_id = page.boot_id
         if cursor.boot_id is not None and boot_id != cursor.boot_id:
             # The agent restarted: the old boot's windows stay where they are (already
             # counted once); the new boot starts a fresh cursor.
@@ -367,35 +359,36 @@ class Collector:
             cursor.last_seq = 0
             cursor.newest_end = None
         cursor.boot_id = boot_id
-        node = body.get("node") if isinstance(body.get("node"), str) else None
+        node = page.node or None
         cursor.node = node or cursor.node
-        cursor.az = body.get("az") if isinstance(body.get("az"), str) else cursor.az
+        cursor.az = page.az or cursor.az
 
-        # Cheap pre-filters on the raw documents, before the (costly) full validation:
+        # Cheap pre-filters on seq and end, before the (costly) full validation:
         # a seq we already read is a duplicate, and a backlog window older than the
         # evaluation window (by the agent's own clock) will not be stored anyway.
-        candidates: list[tuple[object, int | None, float | None]] = []  # (raw, seq, end)
+        candidates: list[PendingWindow] = []
         skipped_seqs: set[int] = set()  # read but not stored (garbage, too old): not gaps
         newest_end = cursor.newest_end
-        for raw in body["windows"]:
-            seq = _raw_int(raw, "seq")
+        for pending in page.windows:
+            seq = pending.seq
             if seq is not None and seq <= cursor.last_seq:
                 self.counters.windows_duplicate += 1
                 continue
-            end = _raw_number(raw, "end")
+            end = pending.end
             if end is not None and (newest_end is None or end > newest_end):
                 newest_end = end
-            candidates.append((raw, seq, end))
+            candidates.append(pending)
 
         fresh: list[Window] = []
-        for raw, seq, end in candidates:
+        for pending in candidates:
+            seq, end = pending.seq, pending.end
             if end is not None and newest_end is not None and newest_end - end > self.store.horizon_s \
                     and seq is not None:
                 self.counters.windows_too_old += 1
                 skipped_seqs.add(seq)
                 continue
             try:
-                window = parse_window(raw)
+                window = pending.parse()
                 if window.boot_id != boot_id:
                     raise WindowError(f"boot_id: {printable(window.boot_id, 40)!r} differs from the response's "
                                       f"{printable(boot_id, 40)!r}")
@@ -456,19 +449,16 @@ class Collector:
             ep = self._endpoints[url] = Endpoint.parse(url)
         return ep
 
-    async def _fetch(self, url: str, after: int) -> object:
-        status, raw = await self._http.get(self._endpoint(url), f"/v1/windows?after={int(after)}",
-                                           self.pull_timeout_s)
-        if status != 200:
-            raise ValueError(f"HTTP {status}")
-        return json.loads(raw)
+    async def _fetch(self, url: str, after: int) -> WindowsPage:
+        return await pull_page(self._http, self._endpoint(url), after, token=self.token,
+                               timeout_s=self.pull_timeout_s)
 
     async def _pull_one(self, cursor: AgentCursor) -> int:
         """Pull one agent; -1 when the pull failed (the cursor says why)."""
         url = cursor.target.url
         try:
             body = await self._fetch(url, cursor.last_seq)
-            if isinstance(body, dict) and self.needs_repull(cursor, body):
+            if self.needs_repull(cursor, body):
                 body = await self._fetch(url, 0)
             stored = self.ingest(cursor, body, self.clock())
         except asyncio.CancelledError:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from azprobe.address_file import format_host_port
+from azprobe.agentclient import read_token_file
+from azprobe.agenthttp import MAX_BODY_BYTES, Endpoint, HttpError
 from azprobe.config import Section, load_toml, parse_host_port
 from azprobe.errors import ConfigError
 from azprobe.controller.models import Model, load_model
@@ -49,6 +51,10 @@ class AgentsSettings:
     discover: str = ""  # "" or "consul"
     pull_timeout_s: float = 0.5
     service: str = AGENT_SERVICE
+    token_file: str = ""  # the agents' bearer token (agent.token_file), sent on every pull
+    token: str = field(default="", repr=False)  # its content, read at load
+    max_body_bytes: int = MAX_BODY_BYTES  # a /v1/windows body above this is refused
+    concurrency: int = 1024  # pulls in flight (docs/scale.md: more batch better on a busy box)
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,10 @@ def _agent_url(url: str, field_name: str) -> str:
     # (http://host:port/a/17) addresses one of many agents served by one process.
     if not url.startswith(("http://", "https://")) or len(url) < 10:
         raise ConfigError(field_name, f"{url!r} is not an http(s) URL", "for example \"http://198.18.1.2:9740\"")
+    try:
+        Endpoint.parse(url)  # the collector's own rules (a port, and not 0)
+    except HttpError as exc:
+        raise ConfigError(field_name, str(exc), "for example \"http://198.18.1.2:9740\"") from None
     return url.rstrip("/")
 
 
@@ -149,7 +159,16 @@ def parse_agents(section: Section) -> AgentsSettings:
         discover=discover,
         pull_timeout_s=section.number("pull_timeout_s", 0.5, min=0.01, max=30.0),
         service=section.string("service", AGENT_SERVICE) or AGENT_SERVICE,
+        token_file=section.string("token_file", ""),
+        max_body_bytes=section.integer("max_body_bytes", MAX_BODY_BYTES, min=64 * 1024, max=256 * 1024 * 1024),
+        concurrency=section.integer("concurrency", 1024, min=1, max=8192),
     )
+    if settings.token_file:
+        try:
+            settings = replace(settings, token=read_token_file(settings.token_file))
+        except ValueError as exc:
+            raise ConfigError(section.field("token_file"), str(exc),
+                              "point it at the file the agents read as agent.token_file") from None
     section.reject_unknown()
     if not static and not discover:
         raise ConfigError(section.field("static"), "no agents configured",

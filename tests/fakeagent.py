@@ -24,11 +24,13 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
+import uvloop
 from aiohttp import web
 
 from azprobe.address_file import write_address_file
 from azprobe.contracts.sketch import Histogram
-from azprobe.contracts.window import PathStats, Utilisation, Window
+from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
+from azprobe.contracts.windowcodec import COMPACT_TYPE, JSON_TYPE, encode_compact_page, encode_compact_window, negotiate
 
 
 @dataclass
@@ -116,6 +118,18 @@ class FakeAgent:
             windows = [w for w in self.ring if not isinstance(w.get("seq"), int) or w["seq"] > after]
             return {"node": self.node, "az": self.az, "boot_id": self.boot_id, "windows": windows}
 
+    def encoded_body(self, after: int, accept: str | None) -> tuple[bytes, str]:
+        """The response body and its media type, negotiated like the real agent; a ring
+        holding garbage documents (push_raw) is served as JSON, which can carry them."""
+        doc = self.body(after)
+        if negotiate(accept) == COMPACT_TYPE:
+            try:
+                encoded = [encode_compact_window(parse_window(w)) for w in doc["windows"]]
+                return encode_compact_page(doc["node"], doc["az"], doc["boot_id"], encoded), COMPACT_TYPE
+            except WindowError:
+                pass
+        return json.dumps(doc).encode(), JSON_TYPE
+
 
 class FakeAgentServer:
     """Serves many FakeAgents over real HTTP on 127.0.0.1 from one background thread."""
@@ -157,7 +171,8 @@ class FakeAgentServer:
             after = int(request.query.get("after", "0"))
         except ValueError:
             return web.json_response({"error": "after: not an integer"}, status=400)
-        return web.Response(body=json.dumps(agent.body(after)).encode(), content_type="application/json")
+        body, media = agent.encoded_body(after, request.headers.get("Accept"))
+        return web.Response(body=body, content_type=media)
 
     def _serve(self) -> None:
         loop = asyncio.new_event_loop()
@@ -234,21 +249,33 @@ class _BulkAgents:
         self.azs = azs
         self.n = n
         templates = {}
+        self.windows: dict[str, Window] = {}
         for az in azs:
             agent = FakeAgent("NODE", az, [PathSpec(dst=d, conn_attempts=attempts) for d in azs])
             agent.boot_id = self.boot
-            templates[az] = json.dumps(agent.emit(end=1.0)).replace('"seq": 1', '"seq": %SEQ%') \
+            doc = agent.emit(end=1.0)
+            self.windows[az] = parse_window(doc)
+            templates[az] = json.dumps(doc).replace('"seq": 1', '"seq": %SEQ%') \
                 .replace('"start": 0.0, "end": 1.0', '"start": %START%, "end": %END%')
         self.templates = templates
         self.ring = 10
 
-    def body(self, key: int, after: int) -> bytes:
-        az = self.azs[key % len(self.azs)]
+    def _seqs(self, after: int) -> range:
         now_seq = int((time.time() - self.started) / self.interval_s) + 1
-        first = max(after + 1, now_seq - self.ring + 1, 1)
+        return range(max(after + 1, now_seq - self.ring + 1, 1), now_seq + 1)
+
+    def body(self, key: int, after: int, compact: bool = False) -> bytes:
+        az = self.azs[key % len(self.azs)]
+        if compact:
+            template = self.windows[az]
+            windows = [encode_compact_window(Window(
+                node=f"n{key}", az=az, boot_id=self.boot, seq=seq, start=self.started + (seq - 1) * self.interval_s,
+                end=self.started + seq * self.interval_s, util=template.util, paths=template.paths))
+                for seq in self._seqs(after)]
+            return encode_compact_page(f"n{key}", az, self.boot, windows)
         parts = []
         template = self.templates[az].replace("NODE", f"n{key}")
-        for seq in range(first, now_seq + 1):
+        for seq in self._seqs(after):
             end = self.started + seq * self.interval_s
             parts.append(template.replace("%SEQ%", str(seq)).replace("%START%", repr(end - self.interval_s))
                          .replace("%END%", repr(end)))
@@ -273,14 +300,16 @@ class _BulkProtocol(asyncio.Protocol):
             target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
             path, _, query = target.partition("?")
             parts = path.split("/")  # ["", "a", KEY, "v1", "windows"]
+            compact = COMPACT_TYPE.encode() in head
+            media = COMPACT_TYPE if compact else JSON_TYPE
             try:
                 key = int(parts[2])
                 after = int(query.partition("after=")[2].partition("&")[0] or 0)
-                body, status = self.bulk.body(key, after), b"200 OK"
+                body, status = self.bulk.body(key, after, compact), b"200 OK"
             except (IndexError, ValueError):
-                body, status = b'{"error": "bad request"}', b"400 Bad Request"
-            self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"  # type: ignore[attr-defined]
-                                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                body, status, media = b'{"error": "bad request"}', b"400 Bad Request", JSON_TYPE
+            self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + media.encode()  # type: ignore[attr-defined]
+                                 + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int, address_file: str) -> None:
@@ -292,7 +321,7 @@ def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int, addres
         write_address_file(address_file, "127.0.0.1", server.sockets[0].getsockname()[1])
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    uvloop.run(main())  # the controller's loop too: the bench's server should not hog the box
 
 
 if __name__ == "__main__":

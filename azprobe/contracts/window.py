@@ -235,11 +235,8 @@ def parse_path(doc: object, where: str = "paths[]") -> PathStats:
         if type(value) is not int or not 0 <= value <= MAX_COUNT:
             raise _count_error(prefix, name, value)
         fields[name] = value
-    completed = fields["conn_ok"] + fields["conn_refused"] + fields["conn_timeout"]
-    if completed > fields["conn_attempts"] + MAX_CONNECT_CARRY:
-        raise WindowError(f"{prefix}conn_ok: ok {fields['conn_ok']} + refused {fields['conn_refused']} + timeout "
-                          f"{fields['conn_timeout']} exceed conn_attempts {fields['conn_attempts']} by more than "
-                          f"the {MAX_CONNECT_CARRY} connects one window can carry over")
+    _check_connect_relation(fields["conn_attempts"], fields["conn_ok"], fields["conn_refused"],
+                            fields["conn_timeout"], prefix)
     for name in HISTOGRAM_FIELDS:
         if name in doc:
             fields[name] = _histogram(doc[name], prefix + name)
@@ -255,7 +252,17 @@ def _histogram(doc: object, where: str) -> Histogram:
         hist = Histogram.from_json(doc)  # type: ignore[arg-type]
     except ValueError as exc:
         raise WindowError(f"{where}: {printable(str(exc), 120)}") from None
-    counts = hist.counts
+    _check_buckets(hist.counts, where)
+    return hist
+
+
+def _check_connect_relation(attempts: int, ok: int, refused: int, timeout: int, prefix: str) -> None:
+    if ok + refused + timeout > attempts + MAX_CONNECT_CARRY:
+        raise WindowError(f"{prefix}conn_ok: ok {ok} + refused {refused} + timeout {timeout} exceed conn_attempts "
+                          f"{attempts} by more than the {MAX_CONNECT_CARRY} connects one window can carry over")
+
+
+def _check_buckets(counts: Mapping[int, int], where: str) -> None:
     if len(counts) > NUM_BUCKETS:
         raise WindowError(f"{where}.counts: {len(counts)} buckets exceed {SCHEME}'s {NUM_BUCKETS}")
     # builtins over the whole dict, not a Python loop: this runs for every path of every window
@@ -263,7 +270,6 @@ def _histogram(doc: object, where: str) -> Histogram:
         raise WindowError(f"{where}.counts: bucket {max(counts)} µs is beyond {SCHEME}'s last ({MAX_BUCKET_LOWER})")
     if counts and max(counts.values()) > MAX_COUNT:
         raise WindowError(f"{where}.counts: a bucket's count {max(counts.values())} exceeds {MAX_COUNT}")
-    return hist
 
 
 def parse_window(doc: object) -> Window:
@@ -283,14 +289,7 @@ def parse_window(doc: object) -> Window:
         raise WindowError(f"paths: {len(paths)} paths exceed {MAX_PATHS}")
     start = _number(doc, "start", "", 0, 1e11)
     end = _number(doc, "end", "", 0, 1e11)
-    if end < start:
-        raise WindowError(f"end: {end} is before start {start}")
-    if end - start > MAX_WINDOW_S:
-        raise WindowError(f"start: the window spans {end - start:.0f} s, at most {MAX_WINDOW_S:.0f} s")
-    parsed = [parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)]
-    if len({(p.src, p.dst) for p in parsed}) != len(parsed):
-        raise WindowError("paths: a (src, dst) path appears twice")
-    return Window(
+    return check_window(Window(
         node=_name(doc, "node", "", MAX_NODE_NAME),
         az=_name(doc, "az", "", MAX_AZ_NAME),
         boot_id=_name(doc, "boot_id", "", MAX_BOOT_ID),
@@ -301,6 +300,35 @@ def parse_window(doc: object) -> Window:
             cpu=_number(util, "cpu", "util.", 0.0, 1.0),
             mem=_number(util, "mem", "util.", 0.0, 1.0),
         ),
-        paths=parsed,
+        paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
         lost_events=_count(doc, "lost_events", ""),
-    )
+    ), paths_checked=True)
+
+
+def check_window(window: Window, *, paths_checked: bool = False) -> Window:
+    """The rules across a window's fields, shared by every encoding (JSON here, the compact
+    form in windowcodec): names, the time span, the path set, and - unless the decoder
+    already ran `parse_path` on each - every path's names, connect relation and histograms."""
+    if window.end < window.start:
+        raise WindowError(f"end: {window.end} is before start {window.start}")
+    if window.end - window.start > MAX_WINDOW_S:
+        raise WindowError(f"start: the window spans {window.end - window.start:.0f} s, at most {MAX_WINDOW_S:.0f} s")
+    if len(window.paths) > MAX_PATHS:
+        raise WindowError(f"paths: {len(window.paths)} paths exceed {MAX_PATHS}")
+    if not paths_checked:
+        for key, limit in (("node", MAX_NODE_NAME), ("az", MAX_AZ_NAME), ("boot_id", MAX_BOOT_ID)):
+            _name({key: getattr(window, key)}, key, "", limit)
+        for i, path in enumerate(window.paths):
+            _check_path(path, f"paths[{i}].")
+    if len({(p.src, p.dst) for p in window.paths}) != len(window.paths):
+        raise WindowError("paths: a (src, dst) path appears twice")
+    return window
+
+
+def _check_path(path: PathStats, prefix: str) -> None:
+    """What `parse_path` checks beyond each field's type and range, for a decoded path."""
+    _name({"src": path.src}, "src", prefix, MAX_AZ_NAME)
+    _name({"dst": path.dst}, "dst", prefix, MAX_AZ_NAME)
+    _check_connect_relation(path.conn_attempts, path.conn_ok, path.conn_refused, path.conn_timeout, prefix)
+    for name in HISTOGRAM_FIELDS:
+        _check_buckets(getattr(path, name).counts, prefix + name)

@@ -10,8 +10,9 @@ import time
 
 from aiohttp import web
 
-from azprobe.controller.agent_http import AgentHttpClient, Endpoint
+from azprobe.agenthttp import AgentHttpClient, Endpoint
 from azprobe.controller.collect import AgentState, AgentTarget, Collector
+from azprobe.contracts.window import parse_window
 from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec
 
 
@@ -131,15 +132,14 @@ def test_http_client_chunked_bodies_and_keepalive():
         try:
             ep = Endpoint.parse(f"http://127.0.0.1:{port}/x")
             for _ in range(3):
-                status, body = await client.get(ep, "/v1/windows?after=0")
-                assert status == 200 and json.loads(body)["boot_id"] == "b"
-            status, _ = await client.get(ep, "/nope")
-            assert status == 404
+                response = await client.get(ep, "/v1/windows?after=0")
+                assert response.status == 200 and json.loads(response.body)["boot_id"] == "b"
+            assert (await client.get(ep, "/nope")).status == 404
             assert len(peers) == 1  # one kept-alive connection served every request
             # With no room left in the idle pool (the file-limit cap), nothing is kept.
             capped = AgentHttpClient(max_idle_total=0)
             for _ in range(3):
-                assert (await capped.get(ep, "/v1/windows?after=0"))[0] == 200
+                assert (await capped.get(ep, "/v1/windows?after=0")).status == 200
             assert len(peers) == 4
             capped.close()
         finally:
@@ -198,8 +198,9 @@ def test_pulls_from_the_real_agents_http_server():
     fake = FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=10)])
 
     class State:
-        def windows_doc(self, after: int) -> dict:
-            return fake.body(after)
+        def windows_page(self, after: int) -> tuple[dict, list]:
+            doc = fake.body(after)
+            return doc, [parse_window(w) for w in doc["windows"]]
 
     server = make_server("127.0.0.1", 0, State())  # type: ignore[arg-type]
     serve_in_background(server)

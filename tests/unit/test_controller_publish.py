@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from azprobe.consul import ConsulSettings
 from azprobe.contracts.weights import ZoneWeights, parse_weights
-from azprobe.controller.agent_http import HttpError, _dechunk
 from azprobe.controller.controls import parse_controls
 from azprobe.controller.publish import GLOBAL_VIEW, Publisher, WeightsView
 
@@ -80,14 +78,3 @@ def test_controls_freeze_shift_and_expiry():
     assert len(parsed.problems) == 2 and "shift/az-d" in parsed.problems[0] and "typo" in parsed.problems[1]
     expired = parse_controls({prefix + "freeze": b'{"until": 10}'}, prefix, now)
     assert expired.controls.freeze is False
-
-
-def test_dechunk_complete_incomplete_and_bad():
-    body = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\n\r\n"
-    assert _dechunk(bytearray(b"HEAD" + body), 4) == b"Wikipedia"
-    assert _dechunk(bytearray(body[:-2]), 0) is None
-    assert _dechunk(bytearray(b"4\r\nWi"), 0) is None
-    assert _dechunk(bytearray(b"0\r\nX-Trailer: 1\r\n\r\n"), 0) == b""
-    with pytest.raises(HttpError):
-        _dechunk(bytearray(b"zz\r\n"), 0)
-

@@ -12,14 +12,12 @@ are stopped by pid, the lab by its own `down`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import tempfile
 import time
 import tomllib
-import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -38,7 +36,8 @@ from azprobe.dev.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
 from azprobe.dev.demo.view import ViewState, zone_rows
 from azprobe.top import summarise
 from azprobe.errors import PrerequisiteError
-from azprobe.contracts.window import Window, WindowError, parse_window
+from azprobe.agentclient import WindowReader
+from azprobe.contracts.window import Window
 
 log = logging.getLogger(__name__)
 
@@ -93,24 +92,15 @@ class AgentPoller:
     """Pulls the agent's new windows for the live view (the controllers pull their own)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.after = 0
+        self.reader = WindowReader(url, timeout_s=0.5)
         self.recent: deque[Window] = deque(maxlen=VIEW_WINDOWS)
 
-    def fetch(self, timeout_s: float = 0.5) -> list[Window]:
-        with urllib.request.urlopen(f"{self.url}/v1/windows?after={self.after}", timeout=timeout_s) as resp:
-            doc = json.load(resp)
-        new = []
-        for raw in doc.get("windows", []):
-            try:
-                w = parse_window(raw)
-            except WindowError as exc:
-                log.warning("agent sent a bad window: %s", exc)
-                continue
-            new.append(w)
-            self.recent.append(w)
-            self.after = max(self.after, w.seq)
-        return new
+    def fetch(self) -> list[Window]:
+        pulled = self.reader.pull()
+        for exc in pulled.errors:
+            log.warning("agent sent a bad window: %s", exc)
+        self.recent.extend(pulled.windows)
+        return pulled.windows
 
     def poll(self) -> None:
         try:

@@ -1,0 +1,429 @@
+"""A small keep-alive HTTP/1.1 GET client for pulling agents, on asyncio protocols.
+
+Bounded against a hostile agent (docs/scale.md): a body cap (1 MB by default), chunked
+bodies parsed incrementally with a cap on the number of chunks, buffers dropped as soon
+as a request ends either way, and no URL with port 0.
+
+Why not aiohttp's client: the controller pulls every agent every second, and at 5,000
+agents aiohttp's per-request machinery (request/response objects, URL building,
+tracing hooks) costs ~300 µs of CPU each, i.e. more than the whole one-second cycle on
+one core. Pulling windows needs one thing: GET a path, read a JSON body. This client
+does exactly that (status line, headers, Content-Length or chunked bodies, keep-alive
+reuse, http and https) for ~10x less CPU, and nothing else.
+
+Idempotent GETs only: a kept-alive connection the server closed while idle is retried
+once on a fresh connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import ssl
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MAX_HEAD_BYTES = 64 * 1024
+# A page of a few windows is a few KB (compact) to tens of KB (JSON); a whole ring of
+# big windows read after an outage fits in 1 MB compact. Configurable: [agents] max_body_bytes.
+MAX_BODY_BYTES = 1024 * 1024
+MIN_MEAN_CHUNK_BYTES = 256  # chunks allowed per body: max(64, cap / this)
+MAX_CHUNK_LINE_BYTES = 1024
+REAP_EVERY_S = 0.02  # deadline sweep granularity
+_CHUNK_SIZE_LINE, _CHUNK_DATA_END, _CHUNK_TRAILERS = -1, 0, -2  # chunk parser states (else: bytes left)
+
+
+class HttpError(ValueError):
+    """A malformed or oversized response, or an unusable URL."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+    keep_alive: bool
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    path: str  # base path without trailing slash, "" for the root
+
+    @classmethod
+    def parse(cls, url: str) -> "Endpoint":
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HttpError(f"{url!r} is not an http(s) URL")
+        try:
+            port = parts.port
+        except ValueError:
+            raise HttpError(f"{url!r} has a bad port") from None
+        if port == 0:  # urlsplit gives 0 for ":0", which "or default" would turn into 80
+            raise HttpError(f"{url!r} has port 0: give the agent's real port")
+        port = port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; one request in flight at a time.
+
+    The response is parsed as it arrives and the bytes it consumed are dropped, so a
+    body sent in many small chunks costs time linear in its size and at most the body
+    cap (plus one read) is ever held. Every outcome goes through `_finish` or `_fail`,
+    which drop the buffers: a failed pull keeps nothing alive, whatever holds its error.
+    """
+
+    def __init__(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.max_body_bytes = max_body_bytes
+        # Chunk framing costs CPU per chunk: a body in 1-byte chunks is refused early.
+        self.max_chunks = max(64, max_body_bytes // MIN_MEAN_CHUNK_BYTES)
+        self.waiter: asyncio.Future[Response] | None = None
+        self.closed = False
+        self.got_bytes = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.buf = bytearray()  # received, not yet consumed
+        self.body = bytearray()  # chunked: the data so far
+        self._head: tuple[int, str, int | None, bool, bool] | None = None  # status, type, length, chunked, keep
+        self._chunk_left = _CHUNK_SIZE_LINE
+        self._chunks = 0
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        if self.waiter is None:
+            self.close()  # bytes nobody asked for: the connection is out of step
+            return
+        self.buf += data
+        try:
+            self._advance(eof=False)
+        except HttpError as exc:
+            self._fail(exc)
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None:
+            try:
+                if not self._advance(eof=True):
+                    self._fail(ConnectionResetError("connection closed before the response ended"))
+            except HttpError as err:
+                self._fail(err)
+        if self.transport is not None:
+            self.transport = None
+
+    # -- requests
+    def request(self, raw: bytes) -> asyncio.Future[Response]:
+        assert self.transport is not None
+        self._reset()
+        self.got_bytes = False
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return self.waiter
+
+    def close(self) -> None:
+        self.closed = True
+        self._reset()
+        if self.transport is not None:
+            self.transport.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the request in flight with `exc` (the client's deadline passed)."""
+        self._fail(exc)
+        self.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        waiter, self.waiter = self.waiter, None
+        self._reset()
+        if waiter is not None and not waiter.done():
+            # No traceback: its frames would reference this connection and its buffers.
+            waiter.set_exception(exc.with_traceback(None))
+
+    def _finish(self, response: Response) -> None:
+        waiter, self.waiter = self.waiter, None
+        self._reset()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(response)
+
+    def _parse_head(self) -> bool:
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > MAX_HEAD_BYTES:
+                raise HttpError("response head too large")
+            return False
+        lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+            raise HttpError(f"bad status line {lines[0][:60]!r}")
+        length: int | None = None
+        chunked = False
+        ctype = ""
+        keep = status_line[0] == "HTTP/1.1"
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            value = value.strip()
+            if name == "content-length":
+                if not value.isdigit() or len(value) > 18:
+                    raise HttpError(f"bad Content-Length {value[:20]!r}")
+                length = int(value)
+                if length > self.max_body_bytes:
+                    raise HttpError(f"body of {length} bytes exceeds the cap of {self.max_body_bytes}")
+            elif name == "content-type":
+                ctype = value[:200]
+            elif name == "transfer-encoding":
+                chunked = "chunked" in value.lower()
+            elif name == "connection":
+                keep = value.lower() == "keep-alive" or (keep and value.lower() != "close")
+        self._head = (int(status_line[1]), ctype, length, chunked, keep)
+        del self.buf[:end + 4]
+        return True
+
+    def _advance(self, eof: bool) -> bool:
+        """Consume what arrived; True once the response is complete (and delivered)."""
+        if self._head is None and not self._parse_head():
+            return False
+        assert self._head is not None
+        status, ctype, length, chunked, keep = self._head
+        if chunked:
+            if not self._advance_chunks():
+                return False
+            body = bytes(self.body)
+        elif length is not None:
+            if len(self.buf) < length:
+                return False
+            body = bytes(self.buf[:length])
+        else:  # delimited by the end of the connection
+            if len(self.buf) > self.max_body_bytes:
+                raise HttpError(f"body exceeds the cap of {self.max_body_bytes} bytes")
+            if not eof:
+                return False
+            body, keep = bytes(self.buf), False
+        self._finish(Response(status, ctype, body, keep))
+        return True
+
+    def _advance_chunks(self) -> bool:
+        """Chunked transfer coding, one step per chunk part; True at the end of the body.
+        What it consumed leaves the buffer, so each byte is looked at once."""
+        buf = self.buf
+        pos = 0
+        try:
+            while True:
+                left = self._chunk_left
+                if left > 0:  # chunk data
+                    take = min(left, len(buf) - pos)
+                    if take <= 0:
+                        return False
+                    self.body += buf[pos:pos + take]
+                    pos += take
+                    self._chunk_left = left - take
+                    if self._chunk_left == 0:
+                        self._chunk_left = _CHUNK_DATA_END
+                    continue
+                if left == _CHUNK_DATA_END:
+                    if len(buf) - pos < 2:
+                        return False
+                    if buf[pos:pos + 2] != b"\r\n":
+                        raise HttpError("chunk data not followed by CRLF")
+                    pos += 2
+                    self._chunk_left = _CHUNK_SIZE_LINE
+                    continue
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    if len(buf) - pos > MAX_CHUNK_LINE_BYTES:
+                        raise HttpError("chunk size or trailer line too long")
+                    return False
+                if left == _CHUNK_TRAILERS:  # trailers end with an empty line
+                    if eol == pos:
+                        pos += 2
+                        return True
+                    pos = eol + 2
+                    continue
+                size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+                try:
+                    size = int(size_text, 16) if 0 < len(size_text) <= 15 else -1
+                except ValueError:
+                    size = -1
+                if size < 0:
+                    raise HttpError(f"bad chunk size {size_text[:20]!r}")
+                pos = eol + 2
+                self._chunks += 1
+                if self._chunks > self.max_chunks:
+                    raise HttpError(f"more than {self.max_chunks} chunks in one body")
+                if size == 0:
+                    self._chunk_left = _CHUNK_TRAILERS
+                elif len(self.body) + size > self.max_body_bytes:
+                    raise HttpError(f"body exceeds the cap of {self.max_body_bytes} bytes")
+                else:
+                    self._chunk_left = size
+        finally:
+            if pos and self._head is not None:
+                del buf[:pos]
+
+
+class AgentHttpClient:
+    """Keep-alive connection pool keyed by (scheme, host, port)."""
+
+    def __init__(self, max_idle_per_host: int = 256, max_idle_total: int | None = None,
+                 ssl_context: ssl.SSLContext | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 user_agent: str = "azprobe") -> None:
+        self.max_idle_per_host = max_idle_per_host
+        self.max_body_bytes = max_body_bytes
+        self._user_agent = user_agent
+        # One idle connection per agent would be 5,000 open files: stay well inside the
+        # process's file limit and close what does not fit (it is reopened next cycle).
+        self.max_idle_total = max_idle_total if max_idle_total is not None else default_idle_limit()
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle_count = 0
+        self._inflight: dict[_Connection, float] = {}  # connection -> deadline (loop time)
+        self._reaper: asyncio.Task[None] | None = None
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    async def _connect(self, ep: Endpoint) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if ep.scheme == "https":
+            _, conn = await loop.create_connection(self._protocol, ep.host, ep.port, ssl=self._ssl_context(),
+                                                   server_hostname=ep.host)
+        else:
+            _, conn = await loop.create_connection(self._protocol, ep.host, ep.port)
+        return conn
+
+    def _protocol(self) -> _Connection:
+        return _Connection(self.max_body_bytes)
+
+    def _watch(self, conn: _Connection, deadline: float) -> None:
+        self._inflight[conn] = deadline
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Fail requests past their deadline. One sweeping task instead of a timer per
+        request: at 5,000 requests a second the timers alone cost ~5 % of the cycle."""
+        loop = asyncio.get_running_loop()
+        while self._inflight:
+            await asyncio.sleep(REAP_EVERY_S)
+            now = loop.time()
+            for conn, deadline in list(self._inflight.items()):
+                if now >= deadline:
+                    self._inflight.pop(conn, None)
+                    conn.fail(TimeoutError("agent did not answer in time"))
+
+    async def get(self, ep: Endpoint, path_and_query: str, timeout_s: float = 5.0,
+                  headers: Mapping[str, str] | None = None) -> Response:
+        """GET ep.path + path_and_query within timeout_s (connect included, plus at most
+        REAP_EVERY_S of sweep granularity). Raises TimeoutError, OSError (refused,
+        reset) or HttpError (malformed, or a body over the cap)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        headers = headers or {}
+        if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in headers.items()):
+            raise HttpError("a request header must be one line")
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        raw = (f"GET {ep.path}{path_and_query} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
+               f"User-Agent: {self._user_agent}\r\n{extra}\r\n").encode("latin-1")
+        key = (ep.scheme, ep.host, ep.port)
+        idle = self._idle.setdefault(key, [])
+        for attempt in (0, 1):
+            conn = None
+            while idle and conn is None:
+                candidate = idle.pop()
+                self._idle_count -= 1
+                conn = None if candidate.closed else candidate
+            reused = conn is not None
+            if conn is None:
+                try:
+                    conn = await asyncio.wait_for(self._connect(ep), max(deadline - loop.time(), 0.001))
+                except (OSError, asyncio.TimeoutError) as exc:
+                    raise _detached(exc) from None
+            self._watch(conn, deadline)
+            try:
+                response = await conn.request(raw)
+            except TimeoutError:
+                conn.close()
+                raise
+            except (ConnectionError, OSError) as exc:
+                conn.close()
+                # The server closed an idle kept-alive connection: retry once, fresh.
+                if reused and attempt == 0 and not conn.got_bytes:
+                    continue
+                raise exc
+            except BaseException:
+                conn.close()  # cancelled mid-response: the connection is unusable
+                raise
+            finally:
+                self._inflight.pop(conn, None)
+            if response.keep_alive and not conn.closed and len(idle) < self.max_idle_per_host \
+                    and self._idle_count < self.max_idle_total:
+                idle.append(conn)
+                self._idle_count += 1
+            else:
+                conn.close()
+            return response
+        raise ConnectionResetError("unreachable")
+
+    def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        for conn in list(self._inflight):
+            conn.close()
+        self._inflight.clear()
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+        self._idle_count = 0
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """`exc` cut loose from the frames it was raised through. asyncio's connect keeps its
+    exceptions in a local list, so a refused connect is an exception -> traceback ->
+    frame -> list -> exception cycle (~45 objects) that only a full GC frees: at 5,000
+    agents down that is 10^5 objects a second for a collector the controller runs
+    rarely (docs/scale.md)."""
+    exc.__traceback__ = None
+    exc.__context__ = None
+    exc.__cause__ = None
+    return exc
+
+
+def default_idle_limit() -> int:
+    """Half of the soft RLIMIT_NOFILE left after a reserve for Consul, metrics and logs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 8192
+    return max(16, min(8192, (soft - 128) // 2))
+
+
+def raise_file_limit(target: int = 65536) -> int:
+    """Lift the soft RLIMIT_NOFILE towards the hard limit (systemd's default soft limit
+    of 1024 is too small for thousands of agent connections). Returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            return wanted
+        except (ValueError, OSError):
+            return soft
+    return soft

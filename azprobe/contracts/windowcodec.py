@@ -1,0 +1,277 @@
+"""The /v1/windows response in two encodings: JSON (the default, for people and curl)
+and a compact msgpack form the controller asks for with `Accept` (docs/scale.md).
+
+Both decode to the same `WindowsPage` of the same `Window` objects, so everything past
+decoding is encoding-blind. The compact form exists for the controller's hot path
+(5,000 agents a second): positional arrays instead of objects keyed by field names, and
+histograms as flat `[bucket index, count, ...]` arrays instead of objects keyed by
+stringified lower bounds. msgspec decodes it straight into typed structs whose field
+constraints do the per-field checks in C; the window-level checks are
+`window.check_window`'s, shared with `parse_window`. A histogram is a msgpack map from
+the bucket's lower bound (an integer, µs) to its count: msgspec builds exactly the dict
+`Histogram` holds, in C, so no Python code runs per bucket (docs/scale.md has the figures
+against index arrays).
+
+Compact layout (msgpack, every struct an array in this field order):
+
+    page   = [node, az, boot_id, [window, ...]]
+    window = [schema, node, az, boot_id, seq, start, end, cpu, mem, lost_events, [path, ...]]
+    path   = [src, dst, conn_attempts, conn_ok, conn_refused, conn_timeout, syn_retrans,
+              retrans, rto, rtt_us, connect_us]
+    hist   = {lower bound µs: count, ...}   loglin-16 lower bounds, counts > 0
+
+Windows are decoded one by one (the page holds them as raw msgpack), so one bad window
+is one garbage window, as with JSON, not a lost page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Callable
+
+import msgspec
+
+from azprobe.contracts.sketch import MAX_VALUE_BITS, Histogram
+from azprobe.contracts.window import (
+    MAX_COUNT,
+    SCHEMA_VERSION,
+    PathStats,
+    Utilisation,
+    Window,
+    WindowError,
+    check_window,
+    parse_window,
+)
+
+JSON_TYPE = "application/json"
+COMPACT_TYPE = "application/vnd.azprobe.windows.v1+msgpack"
+# What a client that reads both sends: the compact form first, JSON from an older agent.
+ACCEPT_BOTH = f"{COMPACT_TYPE}, {JSON_TYPE};q=0.5"
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+LowerBound = Annotated[int, msgspec.Meta(ge=0, le=1 << MAX_VALUE_BITS)]
+Buckets = dict[LowerBound, Count]
+Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class _Path(msgspec.Struct, array_like=True):
+    src: Name
+    dst: Name
+    conn_attempts: Count
+    conn_ok: Count
+    conn_refused: Count
+    conn_timeout: Count
+    syn_retrans: Count
+    retrans: Count
+    rto: Count
+    rtt_us: Buckets
+    connect_us: Buckets
+
+
+class _Window(msgspec.Struct, array_like=True):
+    schema: int
+    node: Name
+    az: Name
+    boot_id: Name
+    seq: Count
+    start: Time
+    end: Time
+    cpu: Fraction
+    mem: Fraction
+    lost_events: Count
+    paths: list[_Path]
+
+
+class _WindowHead(msgspec.Struct, array_like=True):
+    """The leading fields of a window, untyped: decoding stops short of the paths."""
+
+    schema: object = None
+    node: object = None
+    az: object = None
+    boot_id: object = None
+    seq: object = None
+    start: object = None
+    end: object = None
+
+
+class _Page(msgspec.Struct, array_like=True):
+    node: str
+    az: str
+    boot_id: Name
+    windows: list[msgspec.Raw]
+
+
+_PAGE_DECODER = msgspec.msgpack.Decoder(_Page)
+_WINDOW_DECODER = msgspec.msgpack.Decoder(_Window)
+_HEAD_DECODER = msgspec.msgpack.Decoder(_WindowHead)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+@dataclass
+class PendingWindow:
+    """One window of a page, not yet validated: `seq`/`end` when readable (for the
+    collector's cheap duplicate and age filters), `parse()` validates it."""
+
+    seq: int | None
+    end: float | None
+    parse: Callable[[], Window]
+
+
+@dataclass
+class WindowsPage:
+    node: str
+    az: str
+    boot_id: str
+    windows: list[PendingWindow]
+
+    def parse_all(self) -> list[Window]:
+        """Every window, validated; raises WindowError at the first bad one."""
+        return [w.parse() for w in self.windows]
+
+
+# --- encoding (agent side) -------------------------------------------------------------
+def _buckets(hist: Histogram) -> dict[int, int]:
+    return {lower: n for lower, n in sorted(hist.counts.items()) if n}
+
+
+def _compact_window(w: Window) -> _Window:
+    return _Window(w.schema, w.node, w.az, w.boot_id, w.seq, w.start, w.end, w.util.cpu, w.util.mem,
+                   w.lost_events,
+                   [_Path(p.src, p.dst, p.conn_attempts, p.conn_ok, p.conn_refused, p.conn_timeout,
+                          p.syn_retrans, p.retrans, p.rto, _buckets(p.rtt_us), _buckets(p.connect_us))
+                    for p in w.paths])
+
+
+def encode_compact_window(window: Window) -> bytes:
+    """One window in the compact form (a sender may cache it: windows never change)."""
+    return _ENCODER.encode(_compact_window(window))
+
+
+def encode_page(node: str, az: str, boot_id: str, windows: list[Window], media_type: str) -> bytes:
+    if media_type == COMPACT_TYPE:
+        return encode_compact_page(node, az, boot_id, [encode_compact_window(w) for w in windows])
+    return json.dumps({"node": node, "az": az, "boot_id": boot_id, "windows": [w.to_json() for w in windows]},
+                      separators=(",", ":")).encode()
+
+
+def encode_compact_page(node: str, az: str, boot_id: str, encoded_windows: list[bytes]) -> bytes:
+    """A compact page from windows already encoded with encode_compact_window."""
+    return _ENCODER.encode(_Page(node, az, boot_id, [msgspec.Raw(b) for b in encoded_windows]))
+
+
+def negotiate(accept: str | None) -> str:
+    """The media type to answer an `Accept` header with: compact only when asked for."""
+    if accept and COMPACT_TYPE in accept:
+        for part in accept.split(","):
+            media, _, params = part.strip().partition(";")
+            if media.strip() == COMPACT_TYPE:
+                return JSON_TYPE if params.replace(" ", "") in ("q=0", "q=0.0") else COMPACT_TYPE
+    return JSON_TYPE
+
+
+# --- decoding (controller, top, demo) ---------------------------------------------------
+def _hist(counts: dict[int, int]) -> Histogram:
+    hist = Histogram.__new__(Histogram)  # keys and counts checked by the decoder
+    hist.counts = counts
+    return hist
+
+
+_WINDOW_FIELDS = _Window.__struct_fields__
+_PATH_FIELDS = _Path.__struct_fields__
+
+
+def _field_error(message: str) -> str:
+    """msgspec's "Expected `int` >= 0 - at `$[10][0][2]`" as "paths[0].conn_attempts: ..."."""
+    problem, _, at = message.rpartition(" - at `")
+    if not problem:
+        return f"window: {message}"
+    indexes = [int(i) for i in re.findall(r"\[(\d+)\]", at)]
+    where = "window"
+    if indexes and indexes[0] < len(_WINDOW_FIELDS):
+        where = _WINDOW_FIELDS[indexes[0]]
+        if where == "paths" and len(indexes) > 1:
+            where = f"paths[{indexes[1]}]"
+            if len(indexes) > 2 and indexes[2] < len(_PATH_FIELDS):
+                where += "." + _PATH_FIELDS[indexes[2]]
+        elif where in ("cpu", "mem"):
+            where = "util." + where
+    return f"{where}: {problem}"
+
+
+def _window_from_compact(raw: bytes | msgspec.Raw) -> Window:
+    try:
+        c = _WINDOW_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise WindowError(_field_error(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise WindowError(f"window: not msgpack ({exc})") from None
+    if c.schema != SCHEMA_VERSION:
+        raise WindowError(f"schema: unsupported version {c.schema!r} (this azprobe reads {SCHEMA_VERSION})")
+    paths = []
+    for p in c.paths:
+        paths.append(PathStats(p.src, p.dst, conn_attempts=p.conn_attempts, conn_ok=p.conn_ok,
+                               conn_refused=p.conn_refused, conn_timeout=p.conn_timeout,
+                               syn_retrans=p.syn_retrans, retrans=p.retrans, rto=p.rto,
+                               rtt_us=_hist(p.rtt_us), connect_us=_hist(p.connect_us)))
+    return check_window(Window(node=c.node, az=c.az, boot_id=c.boot_id, seq=c.seq, start=c.start, end=c.end,
+                               util=Utilisation(c.cpu, c.mem), paths=paths, lost_events=c.lost_events))
+
+
+def _compact_pending(raw: msgspec.Raw) -> PendingWindow:
+    """seq and end read from the window's head (a duplicate or a backlog window too old
+    to count is never built); the full decode and checks when the reader asks."""
+    try:
+        head = _HEAD_DECODER.decode(raw)
+        seq, end = head.seq, head.end
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        seq = end = None
+    return PendingWindow(seq if type(seq) is int and 0 <= seq <= MAX_COUNT else None,
+                         float(end) if type(end) in (int, float) and end == end else None,
+                         lambda: _window_from_compact(raw))
+
+
+def _json_int(doc: object, key: str) -> int | None:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if type(value) is int and 0 <= value <= MAX_COUNT else None
+
+
+def _json_number(doc: object, key: str) -> float | None:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    if type(value) not in (int, float) or value != value or value in (float("inf"), float("-inf")):
+        return None
+    return float(value)
+
+
+def page_from_doc(doc: object) -> WindowsPage:
+    """A page from a decoded JSON document; windows are validated lazily (parse_window)."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("windows"), list) \
+            or not isinstance(doc.get("boot_id"), str) or not doc.get("boot_id"):
+        raise WindowError("response: expected {node, az, boot_id, windows: [...]}")
+    node, az = doc.get("node"), doc.get("az")
+    return WindowsPage(node if isinstance(node, str) else "", az if isinstance(az, str) else "", doc["boot_id"],
+                       [PendingWindow(_json_int(raw, "seq"), _json_number(raw, "end"),
+                                      (lambda raw=raw: parse_window(raw))) for raw in doc["windows"]])
+
+
+def decode_page(body: bytes, content_type: str | None) -> WindowsPage:
+    """A /v1/windows response body in either encoding; raises WindowError when the page
+    itself (not one of its windows) is unreadable."""
+    media = (content_type or JSON_TYPE).split(";", 1)[0].strip().lower()
+    if media == COMPACT_TYPE:
+        try:
+            page = _PAGE_DECODER.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise WindowError(f"response: {exc}") from None
+        return WindowsPage(page.node, page.az, page.boot_id, [_compact_pending(r) for r in page.windows])
+    if media != JSON_TYPE and not media.endswith("+json"):
+        raise WindowError(f"response: unexpected Content-Type {media[:60]!r}")
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise WindowError(f"response: not JSON ({exc})") from None
+    return page_from_doc(doc)

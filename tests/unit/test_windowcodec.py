@@ -1,0 +1,135 @@
+"""The /v1/windows codec: both encodings decode to the same windows; Accept negotiation;
+a bad window in a compact page is one garbage window named by its field, not a lost page."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from azprobe.contracts.sketch import Histogram
+from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError
+from azprobe.contracts.windowcodec import (
+    ACCEPT_BOTH,
+    COMPACT_TYPE,
+    JSON_TYPE,
+    decode_page,
+    encode_compact_page,
+    encode_compact_window,
+    encode_page,
+    negotiate,
+)
+from azprobe.controller.collect import AgentTarget, Collector
+
+
+def _window(seq: int = 1, rtt: list[int] = (900, 1000, 150_000), **kw) -> Window:
+    hist = Histogram()
+    for v in rtt:
+        hist.record(v)
+    connect = Histogram()
+    connect.record(2_000, 7)
+    paths = [PathStats("az-a", dst, conn_attempts=10, conn_ok=8, conn_refused=1, conn_timeout=1, syn_retrans=2,
+                       retrans=3, rto=1, rtt_us=hist, connect_us=connect) for dst in ("az-a", "az-b")]
+    fields = dict(node="n1", az="az-a", boot_id="boot", seq=seq, start=100.0 + seq, end=101.0 + seq,
+                  util=Utilisation(0.25, 0.5), paths=paths, lost_events=4)
+    fields.update(kw)
+    return Window(**fields)
+
+
+def _decoded(body: bytes, media: str) -> list[dict]:
+    return [w.to_json() for w in decode_page(body, media).parse_all()]
+
+
+def test_both_encodings_give_the_same_windows():
+    windows = [_window(1), _window(2, rtt=[]), _window(3, paths=[])]
+    compact = encode_page("n1", "az-a", "boot", windows, COMPACT_TYPE)
+    json_body = encode_page("n1", "az-a", "boot", windows, JSON_TYPE)
+    expected = [w.to_json() for w in windows]
+    assert _decoded(compact, COMPACT_TYPE) == expected
+    assert _decoded(json_body, "application/json; charset=utf-8") == expected
+    assert len(compact) < len(json_body) / 2
+    page = decode_page(compact, COMPACT_TYPE)
+    assert (page.node, page.az, page.boot_id) == ("n1", "az-a", "boot")
+    assert [(p.seq, p.end) for p in page.windows] == [(1, 102.0), (2, 103.0), (3, 104.0)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.integers(0, 2**34 - 1), max_size=40), counts=st.integers(0, 2**40),
+       cpu=st.floats(0, 1), start=st.floats(0, 1e10))
+def test_compact_round_trip_is_exact(values, counts, cpu, start):
+    window = _window(5, rtt=values, util=Utilisation(cpu, 1.0), start=start, end=start + 1.0)
+    window.paths[0].conn_ok = counts
+    body = encode_page("n", "az-a", "boot", [window], COMPACT_TYPE)
+    assert _decoded(body, COMPACT_TYPE) == [window.to_json()]
+
+
+def test_accept_negotiation_defaults_to_json():
+    assert negotiate(None) == JSON_TYPE
+    assert negotiate("*/*") == JSON_TYPE
+    assert negotiate("application/json") == JSON_TYPE
+    assert negotiate(ACCEPT_BOTH) == COMPACT_TYPE
+    assert negotiate(f"{COMPACT_TYPE};q=0, application/json") == JSON_TYPE
+
+
+def _raw(fields: list) -> bytes:
+    return msgspec.msgpack.encode(fields)
+
+
+GOOD = [1, "n", "az-a", "boot", 7, 1.0, 2.0, 0.5, 0.5, 0, [["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {1000: 3}, {}]]]
+
+
+@pytest.mark.parametrize("change, field", [
+    ((10, 0, 2), "paths[0].conn_attempts"),  # a negative count
+    ((7,), "util.cpu"),  # 1.5 > 1
+    ((1,), "node"),  # empty
+    ((5,), "end"),  # start after end
+    ((0,), "schema"),
+    ((10, 0, 9), "paths[0].rtt_us"),  # a negative bucket count
+])
+def test_a_bad_compact_window_names_its_field(change, field):
+    bad = [list(x) if isinstance(x, list) else x for x in GOOD]
+    bad[10] = [list(bad[10][0])]
+    values = {(10, 0, 2): -1, (7,): 1.5, (1,): "", (5,): 3.0, (0,): 2, (10, 0, 9): {1000: -3}}
+    if len(change) == 1:
+        bad[change[0]] = values[change]
+    else:
+        bad[10][0][change[2]] = values[change]
+    page = encode_compact_page("n", "az-a", "boot", [_raw(GOOD), _raw(bad)])
+    decoded = decode_page(page, COMPACT_TYPE)
+    assert decoded.windows[0].parse().seq == 7
+    with pytest.raises(WindowError, match="^" + re.escape(field) + ":"):
+        decoded.windows[1].parse()
+
+
+def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
+    collector = Collector(evaluation_window_s=1e9, pull_timeout_s=0.5, stale_after_s=3.0, clock=lambda: 1000.0)
+    collector.set_targets([AgentTarget("http://agent-1")])
+    cursor = collector.cursors["http://agent-1"]
+    bad = list(GOOD)
+    bad[4], bad[7] = 8, 7.0  # seq 8 with cpu out of range
+    good9 = list(GOOD)
+    good9[4], good9[5], good9[6] = 9, 2.0, 3.0
+    body = encode_compact_page("n", "az-a", "boot", [_raw(GOOD), _raw(bad), _raw(good9)])
+    assert collector.ingest(cursor, decode_page(body, COMPACT_TYPE), 1000.0) == 2
+    assert collector.counters.windows_garbage == 1
+    assert cursor.last_seq == 9  # stepped past the garbage window, not re-read
+
+
+@pytest.mark.parametrize("body, media", [
+    (b"\xc1", COMPACT_TYPE),  # not msgpack
+    (msgspec.msgpack.encode(["n", "az-a", "", []]), COMPACT_TYPE),  # empty boot_id
+    (b"{", JSON_TYPE),
+    (b'{"boot_id": "b"}', JSON_TYPE),
+    (b"<html>", "text/html"),
+])
+def test_an_unreadable_page_is_one_clear_error(body, media):
+    with pytest.raises(WindowError, match="^response: "):
+        decode_page(body, media)
+
+
+def test_compact_window_encoding_is_stable_for_caching():
+    window = _window(3)
+    assert encode_compact_window(window) == encode_compact_window(window)
