@@ -45,7 +45,7 @@ PACKAGE_DIRS = {"azprobe": "azprobe", "agent": "azprobe.agent", "controller": "a
 LAYERS: dict[tuple[int, str], tuple[str, ...]] = {
     (0, "contracts"): ("azprobe.contracts",),
     (1, "foundation"): ("azprobe", "azprobe.errors", "azprobe.config", "azprobe.consul", "azprobe.sdnotify",
-                        "azprobe.address_file",
+                        "azprobe.address_file", "azprobe.agenthttp", "azprobe.agentclient",
                         "azprobe.bpf"),
     (2, "agent"): ("azprobe.agent",),
     (2, "controller"): ("azprobe.controller",),

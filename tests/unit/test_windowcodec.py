@@ -57,11 +57,12 @@ def test_both_encodings_give_the_same_windows():
 
 
 @settings(max_examples=50, deadline=None)
-@given(values=st.lists(st.integers(0, 2**34 - 1), max_size=40), counts=st.integers(0, 2**40),
+@given(values=st.lists(st.integers(0, 2**34 - 1), max_size=40), counts=st.integers(0, 2**32 - 2),
        cpu=st.floats(0, 1), start=st.floats(0, 1e10))
 def test_compact_round_trip_is_exact(values, counts, cpu, start):
     window = _window(5, rtt=values, util=Utilisation(cpu, 1.0), start=start, end=start + 1.0)
     window.paths[0].conn_ok = counts
+    window.paths[0].conn_attempts = counts + 2  # the window contract: completions were attempted
     body = encode_page("n", "az-a", "boot", [window], COMPACT_TYPE)
     assert _decoded(body, COMPACT_TYPE) == [window.to_json()]
 
@@ -102,6 +103,20 @@ def test_a_bad_compact_window_names_its_field(change, field):
     assert decoded.windows[0].parse().seq == 7
     with pytest.raises(WindowError, match="^" + re.escape(field) + ":"):
         decoded.windows[1].parse()
+
+
+@pytest.mark.parametrize("paths, field", [
+    ([["az-a", "az-b", 0, 100_000, 0, 0, 0, 0, 0, {}, {}]], "paths[0].conn_ok"),  # completions never attempted
+    ([["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {}, {}]] * 2, "paths"),  # one (src, dst) twice
+    ([["az a", "az-b", 3, 3, 0, 0, 0, 0, 0, {}, {}]], "paths[0].src"),  # not a name
+    ([["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {2**34: 1}, {}]], "paths[0].rtt_us.counts"),  # beyond loglin-16
+])
+def test_the_compact_form_keeps_the_window_contract(paths, field):
+    """The cross-field rules are the JSON parser's too (window.check_window)."""
+    bad = list(GOOD)
+    bad[10] = paths
+    with pytest.raises(WindowError, match="^" + re.escape(field)):
+        decode_page(encode_compact_page("n", "az-a", "boot", [_raw(bad)]), COMPACT_TYPE).windows[0].parse()
 
 
 def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
