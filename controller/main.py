@@ -38,6 +38,7 @@ from azprobe.controller.leader import LeaderElection, LeaderProbe
 from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
 from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
 from azprobe.controller.policy import Policy
+from azprobe.controller.prom_source import PrometheusCollector
 from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
 from azprobe.controller.safety import Decision, SafetyState
 
@@ -60,11 +61,17 @@ class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         c = config.controller
-        self.collector = Collector(evaluation_window_s=c.evaluation_window_s,
-                                   pull_timeout_s=config.agents.pull_timeout_s,
-                                   stale_after_s=config.safety.stale_after_s,
-                                   cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
-                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5))
+        self.collector: Collector | PrometheusCollector
+        if config.prometheus is not None:  # agents.source = "prometheus" (docs/prometheus.md)
+            self.collector = PrometheusCollector(config.prometheus, evaluation_window_s=c.evaluation_window_s,
+                                                 stale_after_s=config.safety.stale_after_s,
+                                                 slot_s=min(c.interval_s, c.evaluation_window_s / 5))
+        else:
+            self.collector = Collector(evaluation_window_s=c.evaluation_window_s,
+                                       pull_timeout_s=config.agents.pull_timeout_s,
+                                       stale_after_s=config.safety.stale_after_s,
+                                       cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
+                                       slot_s=min(c.interval_s, c.evaluation_window_s / 5))
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.policy = Policy(load_model_from(config.model), config.safety)
         self.safety_states: dict[str, SafetyState] = {}
@@ -263,9 +270,11 @@ class Controller:
         if new.agents.discover != "consul":
             self._pending_targets = [AgentTarget(url) for url in new.agents.static]
         self._last_discovery = -1e9
-        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s) != (
-                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s):
-            log.warning("reload: changes to [controller], [consul], agents.discover or heartbeat_s need a restart")
+        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s, new.agents.source, new.prometheus) != (
+                self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s,
+                self.config.agents.source, self.config.prometheus):
+            log.warning("reload: changes to [controller], [consul], [prometheus], agents.discover, agents.source "
+                        "or heartbeat_s need a restart")
         self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety)
         log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
 

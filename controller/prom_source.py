@@ -1,0 +1,159 @@
+"""`[agents] source = "prometheus"`: read agents' windows from a Prometheus-compatible
+query API instead of pulling the agents (docs/prometheus.md).
+
+Each cycle sends one instant query for the raw samples of the last `lookback_s`
+(controller.prom_windows.query_for), turns each node's new scrape pairs into windows and
+stores them in the same WindowStore the direct pull fills. From there on, merge, the
+detector, quorum, safety and the KV output are the direct path's code, untouched.
+
+The surface mirrors controller.collect.Collector (pull_all, take_new, store, cursors,
+counters, agent_states, set_targets, close), so the controller picks one or the other.
+A node is an AgentCursor keyed "instance/node"; its `newest_end` is the scrape timestamp
+of the last window read, so overlapping lookbacks never count a scrape twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import aiohttp
+
+from azprobe.contracts.window import Window
+from azprobe.controller.collect import AgentCursor, AgentState, AgentTarget, CollectCounters, PullResult, WindowStore
+from azprobe.controller.config import PrometheusSettings
+from azprobe.controller.prom_windows import ParsedAnswer, PromAnswerError, node_windows, parse_answer, query_for
+
+log = logging.getLogger(__name__)
+
+FORGET_AFTER_WINDOWS = 10  # a node absent this many evaluation windows is forgotten
+
+
+class PrometheusCollector:
+    """Windows from Prometheus, one synthetic window per node per scrape interval."""
+
+    def __init__(self, settings: PrometheusSettings, *, evaluation_window_s: float, stale_after_s: float,
+                 slot_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self.store = WindowStore(evaluation_window_s, slot_s)
+        self.cursors: dict[str, AgentCursor] = {}
+        self.counters = CollectCounters()
+        self.query = query_for(settings.lookback_s, settings.selector)
+        self._new: list[Window] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._last_error = ""
+
+    # --- the Collector surface ------------------------------------------------------
+    def set_targets(self, targets: Iterable[AgentTarget]) -> None:
+        """Targets are Prometheus's business (its service discovery); nothing to do."""
+
+    def take_new(self) -> list[Window]:
+        new, self._new = self._new, []
+        return new
+
+    def agent_states(self, now: float | None = None) -> dict[AgentState, int]:
+        now = self.clock() if now is None else now
+        out = {s: 0 for s in AgentState}
+        for cursor in self.cursors.values():
+            out[cursor.state(now, self.stale_after_s)] += 1
+        return out
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- one cycle ------------------------------------------------------------------
+    async def pull_all(self) -> PullResult:
+        started = self.clock()
+        result = PullResult()
+        try:
+            doc = await self._query()
+            answer = parse_answer(doc, max_series=self.settings.max_series)
+        except (asyncio.TimeoutError, TimeoutError):
+            self._failed(result, f"query timeout after {self.settings.query_timeout_s}s")
+            self.counters.pull_timeouts += 1
+        except (aiohttp.ClientError, OSError, ValueError, RecursionError) as exc:  # PromAnswerError is a ValueError
+            self._failed(result, str(exc) or type(exc).__name__)
+            self.counters.pull_errors += 1
+        else:
+            if self._last_error:
+                log.info("prometheus answers again")
+                self._last_error = ""
+            self.counters.windows_garbage += answer.garbage_series
+            result.ingested = self.ingest(answer, self.clock())
+        now = self.clock()
+        self.store.prune(now)
+        self._forget(now)
+        result.states = {s.value: n for s, n in self.agent_states(now).items()}
+        result.duration_s = now - started
+        return result
+
+    def ingest(self, answer: ParsedAnswer, now: float) -> int:
+        """Store every node's windows newer than its cursor; returns windows stored."""
+        stored = 0
+        newest = answer.newest
+        for key, series in answer.nodes.items():
+            cursor = self.cursors.get(key)
+            if cursor is None:
+                cursor = self.cursors[key] = AgentCursor(AgentTarget(url=f"prometheus:{key}", node=series.node))
+            windows, garbage, read_up_to = node_windows(series, cursor.newest_end)
+            self.counters.windows_garbage += garbage
+            cursor.newest_end = read_up_to  # past garbage too: it is not re-read every cycle
+            cursor.failures, cursor.last_error, cursor.last_ok = 0, "", now
+            cursor.node = series.node
+            for w in windows:
+                if cursor.boot_id is not None and w.boot_id != cursor.boot_id:
+                    self.counters.agent_restarts += 1
+                cursor.boot_id, cursor.az = w.boot_id, w.az
+                cursor.last_seq = w.seq
+                age = max(0.0, newest - w.end) if newest is not None else 0.0
+                if age > self.store.horizon_s:
+                    self.counters.windows_too_old += 1
+                    continue
+                if self.store.add(cursor.target.url, w, now - age):
+                    self._new.append(w)
+                    stored += 1
+                    cursor.last_new_window = now
+                else:
+                    self.counters.windows_duplicate += 1
+        self.counters.windows_ingested += stored
+        return stored
+
+    def _failed(self, result: PullResult, error: str) -> None:
+        if error != self._last_error:
+            log.info("prometheus query failing: %s", error)
+            self._last_error = error
+        for cursor in self.cursors.values():
+            cursor.failures += 1
+            cursor.last_error = error
+        result.failed = max(1, len(self.cursors))
+
+    def _forget(self, now: float) -> None:
+        horizon = FORGET_AFTER_WINDOWS * self.store.horizon_s
+        for key in [k for k, c in self.cursors.items() if c.last_ok is not None and now - c.last_ok > horizon]:
+            del self.cursors[key]
+
+    async def _query(self) -> object:
+        """GET /api/v1/query; the body is read up to max_response_bytes, never more."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.query_timeout_s))
+        limit = self.settings.max_response_bytes
+        url = f"{self.settings.url}/api/v1/query"
+        async with self._session.get(url, params={"query": self.query}) as resp:
+            if resp.content_length is not None and resp.content_length > limit:
+                raise PromAnswerError(f"answer of {resp.content_length} bytes, over prometheus.max_response_bytes")
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > limit:
+                    raise PromAnswerError(f"answer over prometheus.max_response_bytes ({limit})")
+            if resp.status != 200:
+                # Prometheus explains a bad query in the JSON body; show its first words.
+                raise PromAnswerError(f"HTTP {resp.status}: {bytes(body[:200]).decode(errors='replace')}")
+        return json.loads(body)
