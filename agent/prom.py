@@ -46,9 +46,15 @@ class AgentCollector:
         yield info
         util = self.state.latest_util()
         if util is not None:
-            yield GaugeMetricFamily(prom.CPU_SERIES, "Node CPU utilisation (0..1) of the latest window", value=util.cpu)
-            yield GaugeMetricFamily(prom.MEM_SERIES, "Node memory utilisation (0..1) of the latest window",
-                                    value=util.mem)
+            for series, value, what in ((prom.CPU_SERIES, util.cpu, "CPU"), (prom.MEM_SERIES, util.mem, "memory")):
+                gauge = GaugeMetricFamily(series, f"Node {what} utilisation (0..1) of the latest window",
+                                          labels=["node"])
+                gauge.add_metric([node], value)
+                yield gauge
+        gauges = self.state.gauges()
+        lost = CounterMetricFamily(prom.LOST_FAMILY, "Perf-buffer events the kernel dropped", labels=["node"])
+        lost.add_metric([node], gauges.get("lost_events_total", 0.0))
+        yield lost
         yield from self._paths(node)
         events = CounterMetricFamily("azprobe_events", "events sent on the perf buffer", labels=["kind"])
         for kind, n in sorted(self.state.event_totals().items()):
@@ -64,7 +70,7 @@ class AgentCollector:
             run_count.add_metric([prog], count)
         yield run_time
         yield run_count
-        for name, value in sorted(self.state.gauges().items()):
+        for name, value in sorted(gauges.items()):
             yield GaugeMetricFamily(f"azprobe_{name}", name.replace("_", " "), value=value)
 
     def _paths(self, node: str) -> Iterable:

@@ -34,10 +34,12 @@ COUNTER_SERIES = {name: f"{family}_total" for name, family in COUNTER_FAMILY.ite
 HISTOGRAM_FAMILY = {"rtt_us": "azprobe_path_rtt_seconds", "connect_us": "azprobe_path_connect_seconds"}
 assert tuple(HISTOGRAM_FAMILY) == HISTOGRAM_FIELDS
 HISTOGRAM_BUCKET_SERIES = {name: f"{family}_bucket" for name, family in HISTOGRAM_FAMILY.items()}
+# Node-level series, each with the `node` label so the reader can group by node.
 INFO_SERIES = "azprobe_agent_info"  # 1, labels node, az, boot_id
 CPU_SERIES = "azprobe_agent_cpu_utilisation"  # 0..1, the util of the latest window
 MEM_SERIES = "azprobe_agent_mem_utilisation"
-LOST_SERIES = "azprobe_lost_events_total"  # perf-buffer events the kernel dropped
+LOST_FAMILY = "azprobe_agent_lost_events"  # perf-buffer events the kernel dropped (counter)
+LOST_SERIES = f"{LOST_FAMILY}_total"
 
 MAX_AZ_NAMES = 17  # the probe's 16 AZ ids plus "other"
 
