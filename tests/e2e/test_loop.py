@@ -52,6 +52,32 @@ def test_default_drill_drains_the_sick_zone_and_recovers(stack: LoopStack) -> No
     assert m.min_share_seen >= 1
 
 
+def test_default_drill_drains_the_sick_zone_through_prometheus(stack: LoopStack, tmp_path) -> None:
+    """The same drill with the controllers reading the agent through a real Prometheus
+    server (1 s scrapes of the lab's agent) instead of pulling it: the Prometheus source
+    end to end (docs/prometheus.md). The detection time is printed with the figures."""
+    import shutil
+
+    if shutil.which("prometheus") is None:
+        pytest.skip("needs Debian's prometheus (make setup)")
+    from azprobe.dev.promserver import PrometheusServer
+    from tests.helpers import wait_for
+
+    with PrometheusServer(tmp_path / "prom", [stack.agent_url.removeprefix("http://")], scrape_interval_s=1.0) as prom:
+        wait_for(prom.targets_up, timeout=30, interval=0.2, message="prometheus to scrape the lab's agent")
+        result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S, prometheus_url=prom.url)
+    m = result.metrics
+    context = f"figures: {result.to_json()}"
+    print(f"prometheus source (1 s scrapes): {context}")
+    assert m.shares_before, "no baseline weights before the fault; " + context
+    # One scrape interval more than the direct pull's bound.
+    assert m.detect_s is not None and m.detect_s <= 6.0, context
+    assert m.shares_during["az-b"] <= 10, context
+    assert m.shares_during["az-a"] > m.shares_before["az-a"] and m.shares_during["az-c"] > m.shares_before["az-c"]
+    assert m.recover_s is not None, context
+    assert abs(m.shares_after["az-b"] - m.shares_before["az-b"]) <= 5, context
+
+
 def test_all_zones_degraded_is_panic_not_a_drain(stack: LoopStack) -> None:
     result = run_drill(stack, get_scenario("all-zones"), fault_s=FAULT_S)
     m = result.metrics
