@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+import urllib.error
 
 import pytest
 
@@ -55,6 +56,20 @@ async def _until_same(direct: Controller, via_prom: Controller, want, timeout_s:
     raise AssertionError(f"no agreement within {timeout_s}s: direct {last[0]} vs prometheus {last[1]}")
 
 
+def _dashboard_answers(prom: PrometheusServer) -> dict[str, dict]:
+    """Every PromQL expression of the shipped dashboard, run against the real server."""
+    from tests.unit.test_monitoring import _dashboard_exprs
+
+    out = {}
+    for expr in _dashboard_exprs():
+        query = expr.replace("$__rate_interval", "3s")
+        try:
+            out[expr] = prom.api("/api/v1/query", query=query)
+        except urllib.error.HTTPError as exc:  # 400: Prometheus says why in the body
+            out[expr] = {"status": "error", "error": exc.read().decode(errors="replace")}
+    return out
+
+
 def test_direct_and_prometheus_sources_decide_the_same(tmp_path):
     specs = {az: [PathSpec(dst, rtt_ms=0.5, connect_ms=0.4) for dst in AZS] for az in AZS}
     agents = [SyntheticAgent(f"node-{az}", az, specs[az]) for az in AZS]
@@ -80,10 +95,16 @@ def test_direct_and_prometheus_sources_decide_the_same(tmp_path):
                     await via_prom.collector.close()
 
             healthy, sick = asyncio.run(run())
+            answers = _dashboard_answers(prom)
     finally:
         for a in agents:
             a.stop()
     assert set(healthy) == {"", *AZS}  # the global view and one per source AZ, from both sources
     assert sick[""]["az-b"] == "degraded" and sick[""]["az-a"] == sick[""]["az-c"] == "ok", sick
+    # The dashboard's queries are valid PromQL, and the per-path P95 panel shows real paths.
+    assert all(a["status"] == "success" for a in answers.values()), answers
+    p95 = next(a for e, a in answers.items() if "azprobe_path_rtt_seconds_bucket" in e)["data"]["result"]
+    by_path = {(r["metric"]["src_az"], r["metric"]["dst_az"]): float(r["value"][1]) for r in p95}
+    assert by_path[("az-a", "az-b")] > 0.1 > by_path[("az-a", "az-c")], by_path  # 210 ms vs 0.5 ms
     # The node counts the Prometheus source saw are the agents themselves.
     assert {c.node for c in via_prom.collector.cursors.values()} == {f"node-{az}" for az in AZS}
