@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
