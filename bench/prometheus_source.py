@@ -60,7 +60,7 @@ def main() -> None:
     t2 = time.process_time()
     windows = 0
     for series in answer.nodes.values():
-        windows += len(node_windows(series, after=None)[0])
+        windows += len(node_windows(series, after=None).windows)
     t3 = time.process_time()
     series_count = len(doc["data"]["result"])
     print(json.dumps({

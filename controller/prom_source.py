@@ -1,9 +1,12 @@
 """`[agents] source = "prometheus"`: read agents' windows from a Prometheus-compatible
 query API instead of pulling the agents (docs/prometheus.md).
 
-Each cycle sends one instant query for the raw samples of the last `lookback_s`
-(controller.prom_windows.query_for), turns each node's new scrape pairs into windows and
-stores them in the same WindowStore the direct pull fills. From there on, merge, the
+Each cycle sends one instant query for raw samples (controller.prom_windows.query_for),
+turns each node's new scrape pairs into windows and stores them in the same WindowStore
+the direct pull fills. The first query reads the whole `lookback_s` (the backlog, as a
+first pull reads an agent's ring); later ones read only back to the oldest cursor of the
+nodes last seen, plus a margin: decoding the answer is most of the cost, and a 30 s
+lookback at 1 s scrapes would re-read 30 samples per series for the 1-2 new ones. From there on, merge, the
 detector, quorum, safety and the KV output are the direct path's code, untouched.
 
 The surface mirrors controller.collect.Collector (pull_all, take_new, store, cursors,
@@ -30,6 +33,7 @@ from azprobe.controller.prom_windows import ParsedAnswer, PromAnswerError, node_
 log = logging.getLogger(__name__)
 
 FORGET_AFTER_WINDOWS = 10  # a node absent this many evaluation windows is forgotten
+RANGE_MARGIN_S = 1.5  # clock skew and a scrape in flight
 
 
 class PrometheusCollector:
@@ -43,7 +47,9 @@ class PrometheusCollector:
         self.store = WindowStore(evaluation_window_s, slot_s)
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()
-        self.query = query_for(settings.lookback_s, settings.selector)
+        self._newest: float | None = None  # newest sample in the last answer (Prometheus clock)
+        self._newest_wall = 0.0  # our wall clock when that answer arrived
+        self._oldest_cursor: float | None = None  # oldest cursor among the nodes in that answer
         self._new: list[Window] = []
         self._session: aiohttp.ClientSession | None = None
         self._last_error = ""
@@ -87,6 +93,7 @@ class PrometheusCollector:
                 self._last_error = ""
             self.counters.windows_garbage += answer.garbage_series
             result.ingested = self.ingest(answer, self.clock())
+            self._remember_position(answer)
         now = self.clock()
         self.store.prune(now)
         self._forget(now)
@@ -102,9 +109,12 @@ class PrometheusCollector:
             cursor = self.cursors.get(key)
             if cursor is None:
                 cursor = self.cursors[key] = AgentCursor(AgentTarget(url=f"prometheus:{key}", node=series.node))
-            windows, garbage, read_up_to = node_windows(series, cursor.newest_end)
-            self.counters.windows_garbage += garbage
-            cursor.newest_end = read_up_to  # past garbage too: it is not re-read every cycle
+            read = node_windows(series, cursor.newest_end)
+            windows = read.windows
+            self.counters.windows_garbage += read.garbage
+            if read.gap:  # the node was away longer than the query's range
+                self.counters.gap_events += 1
+            cursor.newest_end = read.newest  # past garbage too: it is not re-read every cycle
             cursor.failures, cursor.last_error, cursor.last_ok = 0, "", now
             cursor.node = series.node
             for w in windows:
@@ -124,6 +134,27 @@ class PrometheusCollector:
                     self.counters.windows_duplicate += 1
         self.counters.windows_ingested += stored
         return stored
+
+    def _remember_position(self, answer: ParsedAnswer) -> None:
+        cursors = [c.newest_end for key in answer.nodes if (c := self.cursors.get(key)) and c.newest_end is not None]
+        if answer.newest is not None and cursors:
+            self._newest, self._newest_wall, self._oldest_cursor = answer.newest, time.time(), min(cursors)
+
+    def range_s(self) -> float:
+        """How far back the next query reads: to the oldest cursor of the nodes last seen
+        (each needs its previous scrape to take a delta) plus RANGE_MARGIN_S; at most
+        lookback_s. A node
+        absent longer than that loses the window across its gap, as an agent whose ring
+        wrapped does."""
+        lookback = self.settings.lookback_s
+        if self._newest is None or self._oldest_cursor is None:
+            return lookback
+        now = time.time()
+        # By our clock (exact when the clocks agree: covers how old the newest sample
+        # already was when it arrived), and by Prometheus's (our clock running behind).
+        behind = max(now - self._oldest_cursor,
+                     self._newest - self._oldest_cursor + now - self._newest_wall)
+        return min(lookback, max(0.0, behind) + RANGE_MARGIN_S)
 
     def _failed(self, result: PullResult, error: str) -> None:
         if error != self._last_error:
@@ -145,7 +176,7 @@ class PrometheusCollector:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.query_timeout_s))
         limit = self.settings.max_response_bytes
         url = f"{self.settings.url}/api/v1/query"
-        async with self._session.get(url, params={"query": self.query}) as resp:
+        async with self._session.get(url, params={"query": query_for(self.range_s(), self.settings.selector)}) as resp:
             if resp.content_length is not None and resp.content_length > limit:
                 raise PromAnswerError(f"answer of {resp.content_length} bytes, over prometheus.max_response_bytes")
             body = bytearray()

@@ -37,11 +37,12 @@ class PromAnswerError(ValueError):
     """The whole answer is unusable (not a success, not a matrix, over a bound)."""
 
 
-def query_for(lookback_s: float, selector: str = "") -> str:
-    """The one PromQL query a cycle sends: raw samples of every series the windows need."""
+def query_for(range_s: float, selector: str = "") -> str:
+    """The one PromQL query a cycle sends: raw samples of every series the windows need
+    over the last `range_s` (whole milliseconds, at least 1 s)."""
     names = "|".join(SERIES_NAMES)
     extra = f",{selector}" if selector else ""
-    return f'{{__name__=~"{names}"{extra}}}[{max(1, int(math.ceil(lookback_s)))}s]'
+    return f'{{__name__=~"{names}"{extra}}}[{max(1000, int(math.ceil(range_s * 1000)))}ms]'
 
 
 Samples = dict[float, float]  # timestamp (s) -> value
@@ -175,14 +176,23 @@ def _delta(samples: Samples, t0: float, t1: float, restarted: bool) -> int:
     return int(round(v1 - v0))
 
 
-def node_windows(series: NodeSeries, after: float | None) -> tuple[list[Window], int, float | None]:
-    """Windows for each pair of consecutive scrapes (t0, t1] with t1 > `after`, the
-    number of such pairs dropped as garbage, and the newest t1 read (the next `after`).
-    The node's scrapes are the samples of its info series (present in every scrape)."""
+@dataclass
+class NodeRead:
+    windows: list[Window]
+    garbage: int  # scrape pairs dropped as garbage
+    newest: float | None  # the newest scrape read: the node's next cursor
+    gap: bool  # the scrape at the cursor is not in the answer: counts since it are lost
+
+
+def node_windows(series: NodeSeries, after: float | None) -> NodeRead:
+    """Windows for each pair of consecutive scrapes (t0, t1] with t1 > `after` (the
+    node's cursor). The node's scrapes are the samples of its info series (present in
+    every scrape)."""
     scrapes = sorted(series.info)
     windows: list[Window] = []
     garbage = 0
     newest = after
+    gap = after is not None and bool(scrapes) and scrapes[-1] > after and after not in series.info
     for t0, t1 in zip(scrapes, scrapes[1:]):
         if after is not None and t1 <= after:
             continue
@@ -193,7 +203,7 @@ def node_windows(series: NodeSeries, after: float | None) -> tuple[list[Window],
             windows.append(_window(series, t0, t1, az, boot_id, restarted))
         except WindowError:
             garbage += 1
-    return windows, garbage, newest
+    return NodeRead(windows, garbage, newest, gap)
 
 
 def _window(series: NodeSeries, t0: float, t1: float, az: str, boot_id: str, restarted: bool) -> Window:

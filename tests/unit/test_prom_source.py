@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import time
 
 import pytest
 
@@ -91,8 +92,9 @@ def test_windows_from_prometheus_equal_the_agents_windows():
     answer = parse_answer(doc, max_series=10_000)
     assert answer.garbage_series == 0 and answer.newest == 1004.0
     (series,) = answer.nodes.values()
-    windows, garbage, newest = node_windows(series, after=None)
-    assert garbage == 0 and newest == 1004.0
+    read = node_windows(series, after=None)
+    windows = read.windows
+    assert read.garbage == 0 and read.newest == 1004.0 and not read.gap
     assert [(w.start, w.end) for w in windows] == [(1000.0 + i, 1001.0 + i) for i in range(4)]
     assert {(w.node, w.az, w.boot_id) for w in windows} == {("node-1", "az-a", agent.boot_id)}
     for got, sent in zip(windows, agent.ring):
@@ -104,7 +106,9 @@ def test_windows_from_prometheus_equal_the_agents_windows():
             assert {n: getattr(q, n) for n in COUNTER_FIELDS} == {n: getattr(p, n) for n in COUNTER_FIELDS}
             assert q.rtt_us.total == p.rtt_us.total and q.connect_us.total == p.connect_us.total
     # A cursor at 1002 reads only the newer scrapes.
-    assert [w.end for w in node_windows(series, after=1002.0)[0]] == [1003.0, 1004.0]
+    assert [w.end for w in node_windows(series, after=1002.0).windows] == [1003.0, 1004.0]
+    # A cursor whose scrape is no longer in the answer: the counts since it are lost.
+    assert node_windows(series, after=1002.5).gap and not node_windows(series, after=1004.0).gap
 
 
 def test_a_new_boot_counts_from_zero_and_a_missing_scrape_is_one_longer_window():
@@ -116,14 +120,15 @@ def test_a_new_boot_counts_from_zero_and_a_missing_scrape_is_one_longer_window()
     restarted.tick(end=1003.0)
     doc = matrix([(1000.0, first), (1001.0, before), (1003.0, scrape(restarted))])
     (series,) = parse_answer(doc, max_series=10_000).nodes.values()
-    windows, _, _ = node_windows(series, after=None)
+    windows = node_windows(series, after=None).windows
     assert [(w.start, w.end, w.boot_id) for w in windows][-1] == (1001.0, 1003.0, restarted.boot_id)
     assert {p.dst: p.conn_attempts for p in windows[-1].paths} == {"az-a": 100, "az-b": 100, "other": 5}
 
 
 def test_query_names_every_series_and_the_lookback():
     q = query_for(12.5, 'job="azprobe"')
-    assert q.endswith(',job="azprobe"}[13s]') and "azprobe_path_rtt_seconds_bucket" in q
+    assert q.endswith(',job="azprobe"}[12500ms]') and "azprobe_path_rtt_seconds_bucket" in q
+    assert query_for(0.2).endswith("[1000ms]")
 
 
 # --- hostile answers ------------------------------------------------------------------
@@ -187,8 +192,8 @@ def test_an_unknown_bucket_or_a_falling_cumulative_count_drops_the_window_not_th
         return doc
 
     (series,) = parse_answer(inflate_low_bucket(doc), max_series=10_000).nodes.values()
-    windows, garbage, newest = node_windows(series, after=None)
-    assert windows == [] and garbage == 2 and newest == 1002.0  # the cursor moves past them
+    read = node_windows(series, after=None)
+    assert read.windows == [] and read.garbage == 2 and read.newest == 1002.0  # the cursor moves past them
 
 
 def test_more_az_names_than_a_topology_holds_are_garbage():
@@ -212,7 +217,14 @@ def test_collector_ingests_once_and_counts_garbage():
     collector = PrometheusCollector(config.prometheus, evaluation_window_s=10.0, stale_after_s=5.0,
                                     clock=lambda: now[0])
     answer = parse_answer(doc, max_series=10_000)
+    assert collector.range_s() == 30.0  # first contact: the whole lookback (the backlog)
     assert collector.ingest(answer, now[0]) == 3
+    collector._remember_position(answer)
+    # Then only back to the node's cursor (its newest scrape) plus the margin. The
+    # scrapes here are stamped 1003 s (1970): by our clock that is the whole lookback.
+    assert collector.range_s() == 30.0
+    collector._oldest_cursor = collector._newest = time.time() - 0.5
+    assert 2.0 <= collector.range_s() < 2.5
     assert collector.ingest(answer, now[0]) == 0  # overlapping lookback: nothing twice
     assert [w.seq for w in collector.take_new()] == [1001000, 1002000, 1003000]
     assert collector.agent_states()[next(iter(collector.agent_states()))] >= 0
