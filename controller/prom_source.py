@@ -79,8 +79,10 @@ class PrometheusCollector:
         started = self.clock()
         result = PullResult()
         try:
-            doc = await self._query()
-            answer = parse_answer(doc, max_series=self.settings.max_series)
+            body = await self._query()
+            # Decoding a large answer takes a while: off the event loop, so /metrics,
+            # /healthz and the Consul round are not held up by it.
+            answer = await asyncio.to_thread(self._decode, body)
         except (asyncio.TimeoutError, TimeoutError):
             self._failed(result, f"query timeout after {self.settings.query_timeout_s}s")
             self.counters.pull_timeouts += 1
@@ -104,8 +106,10 @@ class PrometheusCollector:
     def ingest(self, answer: ParsedAnswer, now: float) -> int:
         """Store every node's windows newer than its cursor; returns windows stored."""
         stored = 0
-        newest = answer.newest
         for key, series in answer.nodes.items():
+            # Ages by the node's own newest scrape, as the direct pull ages an agent's
+            # windows by its own newest: one node's odd clock cannot age the others'.
+            newest = max(series.info) if series.info else None
             cursor = self.cursors.get(key)
             if cursor is None:
                 cursor = self.cursors[key] = AgentCursor(AgentTarget(url=f"prometheus:{key}", node=series.node))
@@ -170,7 +174,10 @@ class PrometheusCollector:
         for key in [k for k, c in self.cursors.items() if c.last_ok is not None and now - c.last_ok > horizon]:
             del self.cursors[key]
 
-    async def _query(self) -> object:
+    def _decode(self, body: bytes) -> ParsedAnswer:
+        return parse_answer(json.loads(body), max_series=self.settings.max_series)
+
+    async def _query(self) -> bytes:
         """GET /api/v1/query; the body is read up to max_response_bytes, never more."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.query_timeout_s))
@@ -187,4 +194,4 @@ class PrometheusCollector:
             if resp.status != 200:
                 # Prometheus explains a bad query in the JSON body; show its first words.
                 raise PromAnswerError(f"HTTP {resp.status}: {bytes(body[:200]).decode(errors='replace')}")
-        return json.loads(body)
+        return bytes(body)

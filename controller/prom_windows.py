@@ -26,6 +26,8 @@ from azprobe.contracts.window import (COUNTER_FIELDS, HISTOGRAM_FIELDS, MAX_COUN
 MAX_LABEL_LEN = 253
 MAX_SAMPLES_PER_SERIES = 4000  # a lookback of an hour at 1 s scrapes
 MAX_TIMESTAMP = 1e11
+MAX_LABELS = 32
+_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_SRC, prom.LABEL_DST, "az", "boot_id"}
 
 _COUNTER_BY_SERIES = {series: name for name, series in prom.COUNTER_SERIES.items()}
 _BUCKET_BY_SERIES = {series: name for name, series in prom.HISTOGRAM_BUCKET_SERIES.items()}
@@ -60,13 +62,14 @@ class NodeSeries:
     mem: Samples = field(default_factory=dict)
     lost: Samples = field(default_factory=dict)
     azs: set[str] = field(default_factory=set)
+    count: int = 0  # series read
 
 
 @dataclass
 class ParsedAnswer:
     nodes: dict[str, NodeSeries]  # key: instance + node
     garbage_series: int = 0
-    newest: float | None = None  # the newest sample timestamp in the answer
+    newest: float | None = None  # the newest scrape of any node in the answer
 
 
 def _label(labels: Mapping, key: str) -> str | None:
@@ -101,7 +104,9 @@ def _samples(values: object) -> Samples | None:
 
 
 def parse_answer(doc: object, *, max_series: int) -> ParsedAnswer:
-    """Validate a /api/v1/query answer to `query_for(...)` and group it by node."""
+    """Validate a /api/v1/query answer to `query_for(...)` and group it by scrape target.
+    One node, one vantage point: when several targets carry the same `node` label, the
+    first by target labels is kept and the others' series count as garbage."""
     if not isinstance(doc, dict) or doc.get("status") != "success":
         error = doc.get("error") if isinstance(doc, dict) else None
         raise PromAnswerError(f"query failed: {str(error)[:200] if error else 'status is not success'}")
@@ -115,6 +120,14 @@ def parse_answer(doc: object, *, max_series: int) -> ParsedAnswer:
     for entry in result:
         if not _add_series(answer, entry):
             answer.garbage_series += 1
+    claimed: set[str] = set()
+    for key in sorted(answer.nodes):
+        series = answer.nodes[key]
+        if series.node in claimed:
+            del answer.nodes[key]
+            answer.garbage_series += series.count
+        claimed.add(series.node)
+    answer.newest = max((max(n.info) for n in answer.nodes.values() if n.info), default=None)
     return answer
 
 
@@ -123,19 +136,20 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
         return False
     labels = entry["metric"]
     name = labels.get("__name__")
-    instance = _label(labels, "instance") or ""
     node_name = _label(labels, prom.LABEL_NODE)
-    if name not in SERIES_NAMES or node_name is None:
+    if name not in SERIES_NAMES or node_name is None or len(labels) > MAX_LABELS:
         return False
+    # The scrape target: every label but the series' own (name, path, bucket, identity),
+    # so two targets claiming one node (two jobs, unmerged HA replicas) never mix samples.
+    target = sorted((k, v) for k, v in labels.items() if k not in _SERIES_OWN_LABELS and isinstance(v, str))
     samples = _samples(entry.get("values"))
     if not samples:
         return False
-    key = f"{instance}/{node_name}"
+    key = "/".join(f"{k}={v}" for k, v in target) + f"/{node_name}"
     node = answer.nodes.get(key)
     if node is None:
         node = answer.nodes[key] = NodeSeries(node=node_name)
-    newest = max(samples)
-    answer.newest = newest if answer.newest is None else max(answer.newest, newest)
+    node.count += 1
     if name == prom.INFO_SERIES:
         az, boot_id = _label(labels, "az"), _label(labels, "boot_id")
         if az is None or boot_id is None:
@@ -171,7 +185,12 @@ def _delta(samples: Samples, t0: float, t1: float, restarted: bool) -> int:
         return 0
     v1 = samples[t1]
     v0 = samples.get(t0)
-    if v0 is None or restarted or v1 < v0:
+    if v0 is None:
+        # Absent from the scrape at t0: born since, unless an earlier sample says it
+        # existed (a sample missing from the answer): then count from that one.
+        earlier = [t for t in samples if t < t1]
+        v0 = samples[max(earlier)] if earlier else 0.0
+    if restarted or v1 < v0:
         return int(round(v1))
     return int(round(v1 - v0))
 

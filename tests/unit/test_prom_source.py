@@ -253,3 +253,28 @@ def test_config_errors_name_the_field(agents, prometheus, field):
     with pytest.raises(ConfigError) as exc:
         parse_config(doc)
     assert str(exc.value).startswith(f"{field}:") or f" {field}:" in str(exc.value) or field in str(exc.value)
+
+
+def test_two_targets_claiming_one_node_give_one_vantage_point():
+    agent, doc = scraped_agent(ticks=2)
+    _, other = scraped_agent(ticks=2)  # a second target (another job, an unmerged replica)
+    for entry in other["data"]["result"]:
+        entry["metric"]["instance"] = "10.0.0.9:9740"
+    doc["data"]["result"] += other["data"]["result"]
+    answer = parse_answer(doc, max_series=10_000)
+    (series,) = answer.nodes.values()
+    assert answer.garbage_series == len(other["data"]["result"])
+    assert {b for _, b in series.info.values()} == {agent.boot_id}  # one target's samples, never mixed
+
+
+def test_a_sample_missing_from_a_series_is_not_counted_twice_or_as_a_birth():
+    agent, doc = scraped_agent(ticks=3)
+    attempts = prom.COUNTER_SERIES["conn_attempts"]
+    for entry in doc["data"]["result"]:
+        if entry["metric"]["__name__"] == attempts:
+            del entry["values"][1]  # the sample of the second scrape is missing
+    (series,) = parse_answer(doc, max_series=10_000).nodes.values()
+    windows = node_windows(series, after=None).windows
+    per_window = [sum(p.conn_attempts for p in w.paths) for w in windows]
+    assert sum(per_window) == sum(p.conn_attempts for w in agent.ring for p in w.paths)
+    assert max(per_window) <= 2 * sum(p.conn_attempts for p in agent.ring[-1].paths)
