@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from azprobe.contracts.window import Window
-from azprobe.controller.collect import AgentCursor, AgentState, AgentTarget, CollectCounters, PullResult, WindowStore
+from azprobe.controller.collect import (AgentCursor, AgentTarget, CollectCounters, Collector, PullResult,
+                                        WindowStore)
 from azprobe.controller.config import PrometheusSettings
 from azprobe.controller.prom_windows import ParsedAnswer, PromAnswerError, node_windows, parse_answer, query_for
 
@@ -62,12 +63,9 @@ class PrometheusCollector:
         new, self._new = self._new, []
         return new
 
-    def agent_states(self, now: float | None = None) -> dict[AgentState, int]:
-        now = self.clock() if now is None else now
-        out = {s: 0 for s in AgentState}
-        for cursor in self.cursors.values():
-            out[cursor.state(now, self.stale_after_s)] += 1
-        return out
+    # The same rule as the direct pull: each cursor's state (it reads clock, cursors and
+    # stale_after_s, which this class has too).
+    agent_states = Collector.agent_states
 
     async def close(self) -> None:
         if self._session is not None:

@@ -14,6 +14,7 @@ from azprobe.agent.prom import AgentCollector
 from azprobe.contracts import prom
 from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import COUNTER_FIELDS
+from azprobe.controller.collect import AgentState
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import PrometheusCollector
 from azprobe.controller.prom_windows import (SERIES_NAMES, PromAnswerError, node_windows, parse_answer,
@@ -227,12 +228,13 @@ def test_collector_ingests_once_and_counts_garbage():
     assert 2.0 <= collector.range_s() < 2.5
     assert collector.ingest(answer, now[0]) == 0  # overlapping lookback: nothing twice
     assert [w.seq for w in collector.take_new()] == [1001000, 1002000, 1003000]
-    assert collector.agent_states()[next(iter(collector.agent_states()))] >= 0
+    assert collector.agent_states()[AgentState.UP] == 1
     (cursor,) = collector.cursors.values()
     assert (cursor.node, cursor.az, cursor.boot_id) == ("node-1", "az-a", agent.boot_id)
     # An unreachable Prometheus: every node is failing, nothing is stored, no exception.
     result = asyncio.run(collector.pull_all())
     assert result.failed == 1 and collector.counters.pull_errors == 1 and cursor.failures == 1
+    assert collector.agent_states()[AgentState.FAILING] == 1
     asyncio.run(collector.close())
 
 
