@@ -27,7 +27,7 @@ MAX_LABEL_LEN = 253
 MAX_SAMPLES_PER_SERIES = 4000  # a lookback of an hour at 1 s scrapes
 MAX_TIMESTAMP = 1e11
 MAX_LABELS = 32
-_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_SRC, prom.LABEL_DST, "az", "boot_id"}
+_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_NODE, prom.LABEL_SRC, prom.LABEL_DST, "az", "boot_id"}
 
 _COUNTER_BY_SERIES = {series: name for name, series in prom.COUNTER_SERIES.items()}
 _BUCKET_BY_SERIES = {series: name for name, series in prom.HISTOGRAM_BUCKET_SERIES.items()}
