@@ -137,11 +137,13 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
     labels = entry["metric"]
     name = labels.get("__name__")
     node_name = _label(labels, prom.LABEL_NODE)
-    if name not in SERIES_NAMES or node_name is None or len(labels) > MAX_LABELS:
+    if name not in SERIES_NAMES or node_name is None or len(labels) > MAX_LABELS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 100 and len(v) <= MAX_LABEL_LEN
+            for k, v in labels.items()):
         return False
     # The scrape target: every label but the series' own (name, path, bucket, identity),
     # so two targets claiming one node (two jobs, unmerged HA replicas) never mix samples.
-    target = sorted((k, v) for k, v in labels.items() if k not in _SERIES_OWN_LABELS and isinstance(v, str))
+    target = sorted((k, v) for k, v in labels.items() if k not in _SERIES_OWN_LABELS)
     samples = _samples(entry.get("values"))
     if not samples:
         return False
@@ -158,8 +160,8 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
             node.info[ts] = (az, boot_id)
         return True
     if name in (prom.CPU_SERIES, prom.MEM_SERIES, prom.LOST_SERIES):
-        target = {prom.CPU_SERIES: node.cpu, prom.MEM_SERIES: node.mem, prom.LOST_SERIES: node.lost}[name]
-        target.update(samples)
+        gauge = {prom.CPU_SERIES: node.cpu, prom.MEM_SERIES: node.mem, prom.LOST_SERIES: node.lost}[name]
+        gauge.update(samples)
         return True
     src, dst = _label(labels, prom.LABEL_SRC), _label(labels, prom.LABEL_DST)
     if src is None or dst is None:

@@ -165,6 +165,9 @@ def _mutate_series(doc: dict, name: str, change) -> dict:
     lambda e: e["values"][0].__setitem__(1, 5),  # a number, not Prometheus's string
     lambda e: e.__setitem__("values", "x"),
     lambda e: e["metric"].__setitem__("node", "n" * 300),
+    lambda e: e["metric"].__setitem__("instance", "i" * 300),
+    lambda e: e["metric"].__setitem__("job", 7),
+    lambda e: e["metric"].update({f"l{i}": "x" for i in range(40)}),
     lambda e: e["metric"].pop("node"),
     lambda e: e["metric"].__setitem__("src_az", ["a"]),
     lambda e: e["metric"].__setitem__("__name__", "something_else"),
