@@ -94,3 +94,11 @@ class AgentCollector:
                 approx_sum = sum(lower * n for lower, n in hist.counts.items()) / 1e6
                 family.add_metric([node, src, dst], prom.cumulative_buckets(hist), sum_value=approx_sum)
             yield family
+            hits = CounterMetricFamily(prom.HITS_FAMILY[field_name],
+                                       f"{field_name} samples per bucket of {prom.HISTOGRAM_FAMILY[field_name]}, "
+                                       "not cumulative, only buckets with samples (the controller's Prometheus source)",
+                                       labels=[*prom.PATH_LABELS, prom.LABEL_UPPER])
+            for (src, dst), by_field in sorted(hists.items()):
+                for upper, n in prom.bucket_hits(by_field[field_name]):
+                    hits.add_metric([node, src, dst, upper], n)
+            yield hits

@@ -25,9 +25,23 @@ from tests.fakeagent import PathSpec  # noqa: E402
 from tests.promagent import SyntheticAgent  # noqa: E402
 
 
+class SpreadPath(PathSpec):
+    """Latencies spread over two octaves around the path's RTT (~8 classic buckets each),
+    as real paths are, rather than one value."""
+
+    def stats(self, src: str):
+        stats = super().stats(src)
+        for hist, centre_ms in ((stats.rtt_us, self.rtt_ms), (stats.connect_us, self.connect_ms)):
+            n = hist.total
+            hist.counts.clear()
+            for i in range(n):
+                hist.record(int(centre_ms * 1000 * 2 ** (2 * i / max(n - 1, 1) - 1)))
+        return stats
+
+
 def answer_for(nodes: int, scrapes: int) -> dict:
-    paths = [PathSpec("az-a", rtt_ms=0.4), PathSpec("az-b", rtt_ms=0.6, failures=2), PathSpec("az-c", rtt_ms=0.5),
-             PathSpec("other", conn_attempts=3, rtt_ms=20)]
+    paths = [SpreadPath("az-a", rtt_ms=0.4), SpreadPath("az-b", rtt_ms=0.6, failures=2),
+             SpreadPath("az-c", rtt_ms=0.5), SpreadPath("other", conn_attempts=3, rtt_ms=20)]
     agent = SyntheticAgent("template", "az-a", paths)
     per_scrape = []
     for i in range(scrapes):

@@ -27,10 +27,11 @@ MAX_LABEL_LEN = 253
 MAX_SAMPLES_PER_SERIES = 4000  # a lookback of an hour at 1 s scrapes
 MAX_TIMESTAMP = 1e11
 MAX_LABELS = 32
-_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_NODE, prom.LABEL_SRC, prom.LABEL_DST, "az", "boot_id"}
+_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_UPPER, prom.LABEL_NODE, prom.LABEL_SRC, prom.LABEL_DST, "az",
+                      "boot_id"}
 
 _COUNTER_BY_SERIES = {series: name for name, series in prom.COUNTER_SERIES.items()}
-_BUCKET_BY_SERIES = {series: name for name, series in prom.HISTOGRAM_BUCKET_SERIES.items()}
+_BUCKET_BY_SERIES = {series: name for name, series in prom.HITS_SERIES.items()}
 SERIES_NAMES = (tuple(_COUNTER_BY_SERIES) + tuple(_BUCKET_BY_SERIES)
                 + (prom.INFO_SERIES, prom.CPU_SERIES, prom.MEM_SERIES, prom.LOST_SERIES))
 
@@ -57,7 +58,7 @@ class NodeSeries:
     node: str
     info: dict[float, tuple[str, str]] = field(default_factory=dict)  # t -> (az, boot_id)
     counters: dict[tuple[str, str, str], Samples] = field(default_factory=dict)  # (src, dst, field)
-    buckets: dict[tuple[str, str, str, float], Samples] = field(default_factory=dict)  # (.., le µs)
+    buckets: dict[tuple[str, str, str, float], Samples] = field(default_factory=dict)  # (.., upper µs)
     cpu: Samples = field(default_factory=dict)
     mem: Samples = field(default_factory=dict)
     lost: Samples = field(default_factory=dict)
@@ -173,7 +174,7 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
     if name in _COUNTER_BY_SERIES:
         node.counters[(src, dst, _COUNTER_BY_SERIES[name])] = samples
         return True
-    bound = prom.bound_from_le(labels.get("le"))
+    bound = prom.bound_from_le(labels.get(prom.LABEL_UPPER))
     if bound is None:
         return False
     node.buckets[(src, dst, _BUCKET_BY_SERIES[name], bound)] = samples
@@ -240,33 +241,19 @@ def _window(series: NodeSeries, t0: float, t1: float, az: str, boot_id: str, res
         n = _delta(samples, t0, t1, restarted)
         if n:
             setattr(path(src, dst), name, n)
-    cumulative: dict[tuple[str, str, str], dict[float, int]] = {}
+    per_bucket: dict[tuple[str, str, str], dict[float, int]] = {}
     for (src, dst, name, bound), samples in series.buckets.items():
         n = _delta(samples, t0, t1, restarted)
         if n:
-            cumulative.setdefault((src, dst, name), {})[bound] = n
-    for (src, dst, name), by_bound in cumulative.items():
-        setattr(path(src, dst), name, prom.histogram_from_deltas(_per_bucket(by_bound)))
+            per_bucket.setdefault((src, dst, name), {})[bound] = n
+    for (src, dst, name), by_bound in per_bucket.items():
+        setattr(path(src, dst), name, prom.histogram_from_deltas(by_bound))
     lost = _delta(series.lost, t0, t1, restarted)
     util = Utilisation(cpu=series.cpu.get(t1, 0.0), mem=series.mem.get(t1, 0.0))
     window = Window(node=series.node, az=az, boot_id=boot_id, seq=int(round(t1 * 1000)), start=t0, end=t1,
                     util=util, paths=sorted((p for p in paths.values() if _active(p)), key=lambda p: (p.src, p.dst)),
                     lost_events=lost)
     return parse_window(window.to_json())  # the one validator: a hostile answer fails here, not later
-
-
-def _per_bucket(cumulative: Mapping[float, int]) -> dict[float, int]:
-    """Cumulative (≤ le) increases -> per-bucket increases; a decrease along `le` is not a
-    histogram (a hostile or corrupted answer)."""
-    out: dict[float, int] = {}
-    below = 0
-    for bound in sorted(cumulative):
-        n = cumulative[bound]
-        if n < below:
-            raise WindowError(f"histogram: cumulative count falls from {below} to {n} at le={bound} µs")
-        out[bound] = n - below
-        below = n
-    return out
 
 
 def _active(p: PathStats) -> bool:

@@ -128,7 +128,7 @@ def test_a_new_boot_counts_from_zero_and_a_missing_scrape_is_one_longer_window()
 
 def test_query_names_every_series_and_the_lookback():
     q = query_for(12.5, 'job="azprobe"')
-    assert q.endswith(',job="azprobe"}[12500ms]') and "azprobe_path_rtt_seconds_bucket" in q
+    assert q.endswith(',job="azprobe"}[12500ms]') and "azprobe_path_rtt_seconds_hits_total" in q and "_bucket" not in q
     assert query_for(0.2).endswith("[1000ms]")
 
 
@@ -181,21 +181,15 @@ def test_a_bad_series_is_skipped_and_counted(change):
         node_windows(series, after=None)  # never raises
 
 
-def test_an_unknown_bucket_or_a_falling_cumulative_count_drops_the_window_not_the_cycle():
+def test_an_unknown_bucket_is_garbage_and_a_window_breaking_the_contract_is_dropped_not_the_cycle():
     _, doc = scraped_agent(ticks=2)
-    bucket = prom.HISTOGRAM_BUCKET_SERIES["rtt_us"]
-    bad = _mutate_series(doc, bucket, lambda e: e["metric"].__setitem__("le", "0.00007"))
+    hits = prom.HITS_SERIES["rtt_us"]
+    bad = _mutate_series(doc, hits, lambda e: e["metric"].__setitem__("upper", "0.00007"))
     assert parse_answer(bad, max_series=10_000).garbage_series == 1
 
-    def inflate_low_bucket(doc: dict) -> dict:  # the 64 µs bucket counts more than +Inf
-        doc = copy.deepcopy(doc)
-        for e in doc["data"]["result"]:
-            m = e["metric"]
-            if m["__name__"] == bucket and m["le"] == "0.000064" and m["dst_az"] == "az-b":
-                e["values"] = [[t, str(float(v) + 10_000 * (i + 1))] for i, (t, v) in enumerate(e["values"])]
-        return doc
-
-    (series,) = parse_answer(inflate_low_bucket(doc), max_series=10_000).nodes.values()
+    # A CPU utilisation of 150 %: parse_window refuses those windows.
+    bad = _mutate_series(doc, prom.CPU_SERIES, lambda e: e.__setitem__("values", [[t, "1.5"] for t, _ in e["values"]]))
+    (series,) = parse_answer(bad, max_series=10_000).nodes.values()
     read = node_windows(series, after=None)
     assert read.windows == [] and read.garbage == 2 and read.newest == 1002.0  # the cursor moves past them
 
