@@ -29,12 +29,14 @@ from azprobe.contracts.window import Window
 from azprobe.controller.collect import (AgentCursor, AgentTarget, CollectCounters, Collector, PullResult,
                                         WindowStore)
 from azprobe.controller.config import PrometheusSettings
-from azprobe.controller.prom_windows import ParsedAnswer, PromAnswerError, node_windows, parse_answer, query_for
+from azprobe.controller.prom_windows import (ParsedAnswer, PromAnswerError, PromAnswerTooLarge, node_windows,
+                                             parse_answer, query_for)
 
 log = logging.getLogger(__name__)
 
 FORGET_AFTER_WINDOWS = 10  # a node absent this many evaluation windows is forgotten
 RANGE_MARGIN_S = 1.5  # clock skew and a scrape in flight
+MIN_RANGE_S = 1.0
 
 
 class PrometheusCollector:
@@ -54,6 +56,7 @@ class PrometheusCollector:
         self._new: list[Window] = []
         self._session: aiohttp.ClientSession | None = None
         self._last_error = ""
+        self._first_range = settings.lookback_s  # halved while the first answer is too large or slow
 
     # --- the Collector surface ------------------------------------------------------
     def set_targets(self, targets: Iterable[AgentTarget]) -> None:
@@ -84,6 +87,11 @@ class PrometheusCollector:
         except (asyncio.TimeoutError, TimeoutError):
             self._failed(result, f"query timeout after {self.settings.query_timeout_s}s")
             self.counters.pull_timeouts += 1
+            self._shrink_range()
+        except PromAnswerTooLarge as exc:
+            self._failed(result, str(exc))
+            self.counters.pull_errors += 1
+            self._shrink_range()
         except (aiohttp.ClientError, OSError, ValueError, RecursionError) as exc:  # PromAnswerError is a ValueError
             self._failed(result, str(exc) or type(exc).__name__)
             self.counters.pull_errors += 1
@@ -142,6 +150,15 @@ class PrometheusCollector:
         if answer.newest is not None and cursors:
             self._newest, self._newest_wall, self._oldest_cursor = answer.newest, time.time(), min(cursors)
 
+    def _shrink_range(self) -> None:
+        """Too large or too slow. The first query reads the whole lookback, which a big
+        fleet may not fit: halve it until it does (one scrape per node is enough, it sets
+        the node's cursor). Later queries read only back to the cursors; if even those
+        do not fit, raise max_response_bytes or narrow the selector."""
+        if self._newest is None and self._first_range > MIN_RANGE_S:
+            self._first_range = max(MIN_RANGE_S, self._first_range / 2)
+            log.info("prometheus: first query shortened to %.1f s of samples", self._first_range)
+
     def range_s(self) -> float:
         """How far back the next query reads: to the oldest cursor of the nodes last seen
         (each needs its previous scrape to take a delta) plus RANGE_MARGIN_S; at most
@@ -150,7 +167,7 @@ class PrometheusCollector:
         wrapped does."""
         lookback = self.settings.lookback_s
         if self._newest is None or self._oldest_cursor is None:
-            return lookback
+            return min(lookback, self._first_range)
         now = time.time()
         # By our clock (exact when the clocks agree: covers how old the newest sample
         # already was when it arrived), and by Prometheus's (our clock running behind).
@@ -183,12 +200,12 @@ class PrometheusCollector:
         url = f"{self.settings.url}/api/v1/query"
         async with self._session.get(url, params={"query": query_for(self.range_s(), self.settings.selector)}) as resp:
             if resp.content_length is not None and resp.content_length > limit:
-                raise PromAnswerError(f"answer of {resp.content_length} bytes, over prometheus.max_response_bytes")
+                raise PromAnswerTooLarge(f"answer of {resp.content_length} bytes, over prometheus.max_response_bytes")
             body = bytearray()
             async for chunk in resp.content.iter_chunked(1 << 16):
                 body += chunk
                 if len(body) > limit:
-                    raise PromAnswerError(f"answer over prometheus.max_response_bytes ({limit})")
+                    raise PromAnswerTooLarge(f"answer over prometheus.max_response_bytes ({limit})")
             if resp.status != 200:
                 # Prometheus explains a bad query in the JSON body; show its first words.
                 raise PromAnswerError(f"HTTP {resp.status}: {bytes(body[:200]).decode(errors='replace')}")

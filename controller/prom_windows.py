@@ -40,6 +40,10 @@ class PromAnswerError(ValueError):
     """The whole answer is unusable (not a success, not a matrix, over a bound)."""
 
 
+class PromAnswerTooLarge(PromAnswerError):
+    """Over max_response_bytes or max_series: a shorter range may fit."""
+
+
 def query_for(range_s: float, selector: str = "") -> str:
     """The one PromQL query a cycle sends: raw samples of every series the windows need
     over the last `range_s` (whole milliseconds, at least 1 s)."""
@@ -116,7 +120,7 @@ def parse_answer(doc: object, *, max_series: int) -> ParsedAnswer:
         raise PromAnswerError("data: expected {resultType: matrix, result: [...]}")
     result = data["result"]
     if len(result) > max_series:
-        raise PromAnswerError(f"{len(result)} series, more than prometheus.max_series {max_series}")
+        raise PromAnswerTooLarge(f"{len(result)} series, more than prometheus.max_series {max_series}")
     answer = ParsedAnswer(nodes={})
     for entry in result:
         if not _add_series(answer, entry):
@@ -215,10 +219,11 @@ def node_windows(series: NodeSeries, after: float | None) -> NodeRead:
     garbage = 0
     newest = after
     gap = after is not None and bool(scrapes) and scrapes[-1] > after and after not in series.info
+    if scrapes and (after is None or scrapes[-1] > after):
+        newest = scrapes[-1]  # a lone first scrape still sets the cursor: the next delta starts there
     for t0, t1 in zip(scrapes, scrapes[1:]):
         if after is not None and t1 <= after:
             continue
-        newest = t1
         az, boot_id = series.info[t1]
         restarted = series.info[t0][1] != boot_id
         try:

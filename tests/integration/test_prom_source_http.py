@@ -92,3 +92,5 @@ def test_a_hostile_answer_is_one_failed_cycle(name, why):
     assert bad.take_new() == []
     (cursor,) = bad.cursors.values()
     assert why in cursor.last_error, cursor.last_error
+    # Too large or too slow for a first query: the next one reads half the lookback.
+    assert bad.range_s() == (15.0 if name in ("big", "stream", "slow") else 30.0)

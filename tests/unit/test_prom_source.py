@@ -108,6 +108,10 @@ def test_windows_from_prometheus_equal_the_agents_windows():
             assert q.rtt_us.total == p.rtt_us.total and q.connect_us.total == p.connect_us.total
     # A cursor at 1002 reads only the newer scrapes.
     assert [w.end for w in node_windows(series, after=1002.0).windows] == [1003.0, 1004.0]
+    # A lone first scrape makes no window but sets the cursor: the next delta starts there.
+    lone = parse_answer(matrix([(1000.0, scrape(agent))]), max_series=10_000)
+    (only,) = lone.nodes.values()
+    assert node_windows(only, after=None).windows == [] and node_windows(only, after=None).newest == 1000.0
     # A cursor whose scrape is no longer in the answer: the counts since it are lost.
     assert node_windows(series, after=1002.5).gap and not node_windows(series, after=1004.0).gap
 
