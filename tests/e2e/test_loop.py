@@ -60,10 +60,6 @@ def test_default_drill_drains_the_sick_zone_through_prometheus(stack: LoopStack,
     """The same drill with the controllers reading the agent through a real Prometheus
     server (1 s scrapes of the lab's agent) instead of pulling it: the Prometheus source
     end to end (docs/prometheus.md). The detection time is printed with the figures."""
-    import shutil
-
-    if shutil.which("prometheus") is None:
-        pytest.skip("needs Debian's prometheus (make setup)")
     from azprobe.dev.promserver import PrometheusServer
     from tests.helpers import wait_for
 
