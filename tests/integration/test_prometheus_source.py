@@ -19,11 +19,11 @@ from tests.fakeagent import PathSpec
 from tests.promagent import SyntheticAgent
 
 
-
 @pytest.fixture(autouse=True)
 def _prometheus_installed() -> None:
     # A failure, not a skip: `make test` must run the Prometheus path (make setup installs it).
     assert shutil.which("prometheus"), "prometheus missing: run `make setup` (Debian package prometheus)"
+
 
 AZS = ["az-a", "az-b", "az-c"]
 TICK_S = 0.5  # agent windows and Prometheus scrapes
