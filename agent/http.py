@@ -18,7 +18,6 @@ import logging
 import socket
 import sys
 import threading
-from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -27,55 +26,18 @@ from azprobe.contracts.window import Window
 from azprobe.contracts.windowcodec import encode_page, negotiate
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from azprobe.agent.prom import AgentCollector, MetricsSource
 
 log = logging.getLogger(__name__)
 
 
-class AgentState(Protocol):
+class AgentState(MetricsSource, Protocol):
     """What the server reads from the agent (agent.main.Agent implements it)."""
 
     def windows_page(self, after: int) -> tuple[dict[str, str], list[Window]]: ...  # ({node, az, boot_id}, windows)
     def events_doc(self, after: int) -> dict: ...
     def healthy(self) -> tuple[bool, str]: ...
-    def path_totals(self) -> dict[tuple[str, str], dict[str, int]]: ...
-    def event_totals(self) -> dict[str, int]: ...
-    def gauges(self) -> dict[str, float]: ...
-    def program_stats(self) -> dict[str, tuple[int, int]]: ...
-
-
-class AgentCollector:
-    """Prometheus view of the agent's cumulative totals. Labels are AZ names (bounded by
-    the topology) and event kinds; never addresses or ports."""
-
-    def __init__(self, state: AgentState) -> None:
-        self.state = state
-
-    def collect(self) -> Iterable:
-        totals = self.state.path_totals()
-        names = sorted({name for values in totals.values() for name in values})
-        for name in names:
-            family = CounterMetricFamily(f"azprobe_path_{name}", f"{name} per path (src AZ -> dst AZ)",
-                                         labels=["src", "dst"])
-            for (src, dst), values in sorted(totals.items()):
-                family.add_metric([src, dst], values.get(name, 0))
-            yield family
-        events = CounterMetricFamily("azprobe_events", "events sent on the perf buffer", labels=["kind"])
-        for kind, n in sorted(self.state.event_totals().items()):
-            events.add_metric([kind], n)
-        yield events
-        stats = self.state.program_stats()
-        run_time = CounterMetricFamily("azprobe_bpf_run_time_ns", "BPF handler run time (needs "
-                                       "sysctl kernel.bpf_stats_enabled=1)", labels=["prog"])
-        run_count = CounterMetricFamily("azprobe_bpf_run_count", "BPF handler runs (needs "
-                                        "sysctl kernel.bpf_stats_enabled=1)", labels=["prog"])
-        for prog, (ns, count) in sorted(stats.items()):
-            run_time.add_metric([prog], ns)
-            run_count.add_metric([prog], count)
-        yield run_time
-        yield run_count
-        for name, value in sorted(self.state.gauges().items()):
-            yield GaugeMetricFamily(f"azprobe_{name}", name.replace("_", " "), value=value)
 
 
 def _after(query: dict[str, list[str]]) -> int:

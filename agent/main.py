@@ -28,7 +28,8 @@ from azprobe import sdnotify
 from azprobe.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
 from azprobe.errors import ConfigError, PrerequisiteError
-from azprobe.contracts.window import COUNTER_FIELDS, Window
+from azprobe.contracts.sketch import Histogram
+from azprobe.contracts.window import COUNTER_FIELDS, HISTOGRAM_FIELDS, Utilisation, Window
 
 log = logging.getLogger("azprobe.agent")
 
@@ -60,6 +61,9 @@ class Agent:
         self._prev_end = time.time()
         self._last_tick = 0.0
         self._totals: dict[tuple[str, str], Counter] = {}
+        # Cumulative latency histograms per path, summed from the windows: /metrics.
+        self._hist_totals: dict[tuple[str, str], dict[str, Histogram]] = {}
+        self._latest_util: Utilisation | None = None
         self._events: deque[dict] = deque(maxlen=EVENT_RING_SIZE)
         self._event_id = 0
         self._event_totals: Counter = Counter()
@@ -196,6 +200,12 @@ class Agent:
                 src, dst = split_path(path)
                 key = (self.registry.name_of(src), self.registry.name_of(dst))
                 self._totals.setdefault(key, Counter()).update(values)
+            for p in window.paths:
+                if p.rtt_us.counts or p.connect_us.counts:
+                    hists = self._hist_totals.setdefault((p.src, p.dst), {n: Histogram() for n in HISTOGRAM_FIELDS})
+                    hists["rtt_us"].merge(p.rtt_us)
+                    hists["connect_us"].merge(p.connect_us)
+            self._latest_util = window.util
             self.ring.append(window)
             self._last_tick = time.monotonic()
             if self._interval_events:
@@ -239,6 +249,16 @@ class Agent:
     def path_totals(self) -> dict[tuple[str, str], dict[str, int]]:
         with self._lock:
             return {k: {n: v.get(n, 0) for n in COUNTER_FIELDS + ("syn_rto",)} for k, v in self._totals.items()}
+
+    def path_histograms(self) -> dict[tuple[str, str], dict[str, Histogram]]:
+        with self._lock:
+            return {k: {n: Histogram(h.counts) for n, h in v.items()} for k, v in self._hist_totals.items()}
+
+    def identity(self) -> dict[str, str]:
+        return self._header()
+
+    def latest_util(self) -> Utilisation | None:
+        return self._latest_util
 
     def event_totals(self) -> dict[str, int]:
         return dict(self._event_totals)

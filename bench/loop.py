@@ -11,6 +11,9 @@ Goal: detect p50 <= 3 s, max <= 5 s. Needs root (namespaces, BPF).
 `--scenario controller-failover --fault-s 36` also reports the failover figures the
 tests only order (tests/e2e/test_loop.py): takeover_s, write_after_release_s (goal:
 lock-delay + 2 s) and max_generation_gap (goal: lock-delay + 2 s + one probe per cycle).
+
+`--source prometheus`: the controllers read the agent through a real Prometheus server
+scraping it every --scrape-interval-s (docs/prometheus.md) instead of pulling it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import ExitStack
 
 from azprobe.dev.demo.metrics import percentile
 from azprobe.dev.demo.configs import LEADER_PROBE_FAILURES
@@ -54,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"controllers' drain dwell (default {DRAIN_DWELL_S}, the demo's)")
     parser.add_argument("--controller-default-dwell", action="store_true",
                         help="leave drain_dwell_s at the controller's own default instead")
+    parser.add_argument("--source", choices=("direct", "prometheus"), default="direct",
+                        help="how the controllers read the agent (default direct)")
+    parser.add_argument("--scrape-interval-s", type=float, default=1.0, help="Prometheus scrape interval")
     args = parser.parse_args(argv)
     dwell = None if args.controller_default_dwell else args.drain_dwell_s
     if args.runs < 1:
@@ -64,9 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     reversals: list[int] = []
     failover: dict[str, list[float | None]] = {"takeover_s": [], "write_after_release_s": [],
                                                "max_generation_gap": []}
-    with LoopStack(lab_name=unique_lab_name("bench")) as stack:
+    with LoopStack(lab_name=unique_lab_name("bench")) as stack, ExitStack() as extra:
+        prometheus_url = None
+        if args.source == "prometheus":
+            from azprobe.dev.promserver import PrometheusServer
+
+            prom = extra.enter_context(PrometheusServer(stack.work_dir / "prometheus",
+                                                        [stack.agent_url.removeprefix("http://")],
+                                                        scrape_interval_s=args.scrape_interval_s))
+            prometheus_url = prom.url
         for run in range(1, args.runs + 1):
-            result = run_drill(stack, scenario, fault_s=args.fault_s, drain_dwell_s=dwell)
+            result = run_drill(stack, scenario, fault_s=args.fault_s, drain_dwell_s=dwell,
+                               prometheus_url=prometheus_url)
             m = result.metrics
             detects.append(m.detect_s)
             recovers.append(m.recover_s)
@@ -78,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     detect = summarize(detects)
     goal_met = (detect["missed"] == 0 and detect["p50"] is not None
                 and detect["p50"] <= GOAL_DETECT_P50_S and detect["max"] <= GOAL_DETECT_MAX_S)
-    print(json.dumps({"scenario": scenario.name, "runs": args.runs, "fault_s": args.fault_s,
+    print(json.dumps({"scenario": scenario.name, "source": args.source, "runs": args.runs, "fault_s": args.fault_s,
                       "drain_dwell_s": dwell if dwell is not None else "controller default",
                       "detect_s": detect, "recover_s": summarize(recovers),
                       "direction_reversals": reversals,

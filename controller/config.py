@@ -55,6 +55,19 @@ class AgentsSettings:
     token: str = field(default="", repr=False)  # its content, read at load
     max_body_bytes: int = MAX_BODY_BYTES  # a /v1/windows body above this is refused
     concurrency: int = 1024  # pulls in flight (docs/scale.md: more batch better on a busy box)
+    source: str = "direct"  # "direct": pull agents; "prometheus": read [prometheus] (docs/prometheus.md)
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    """[prometheus]: where the Prometheus source reads agents' metrics (docs/prometheus.md)."""
+
+    url: str = ""  # base URL of a Prometheus-compatible query API (…/api/v1/query is appended)
+    query_timeout_s: float = 2.0
+    lookback_s: float = 30.0  # raw samples read per query: at least 2 scrape intervals
+    selector: str = ""  # extra label matchers, e.g. 'job="azprobe-agent"'
+    max_response_bytes: int = 128 << 20
+    max_series: int = 500_000
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class ControllerConfig:
     path: str = ""
     topology: TopologySettings = TopologySettings()  # [topology]: the AZ set (controller/topology.py)
     quorum: QuorumConfig = QuorumConfig()  # [quorum]: how nodes' verdicts combine (controller/quorum.py)
+    prometheus: PrometheusSettings | None = None  # set when agents.source = "prometheus"
 
 
 def _agent_url(url: str, field_name: str) -> str:
@@ -154,6 +168,10 @@ def parse_agents(section: Section) -> AgentsSettings:
     discover = section.string("discover", "")
     if discover not in ("", "consul"):
         raise ConfigError(section.field("discover"), f"unknown discovery {discover!r}", "use \"consul\" or \"\"")
+    source = section.string("source", "direct")
+    if source not in ("direct", "prometheus"):
+        raise ConfigError(section.field("source"), f"unknown source {source!r}",
+                          "use \"direct\" (pull agents) or \"prometheus\" (read [prometheus])")
     settings = AgentsSettings(
         static=static,
         discover=discover,
@@ -162,6 +180,7 @@ def parse_agents(section: Section) -> AgentsSettings:
         token_file=section.string("token_file", ""),
         max_body_bytes=section.integer("max_body_bytes", MAX_BODY_BYTES, min=64 * 1024, max=256 * 1024 * 1024),
         concurrency=section.integer("concurrency", 1024, min=1, max=8192),
+        source=source,
     )
     if settings.token_file:
         try:
@@ -170,9 +189,38 @@ def parse_agents(section: Section) -> AgentsSettings:
             raise ConfigError(section.field("token_file"), str(exc),
                               "point it at the file the agents read as agent.token_file") from None
     section.reject_unknown()
+    if source == "prometheus":
+        if static or discover:
+            raise ConfigError(section.field("source"), "\"prometheus\" reads agents from Prometheus, not from "
+                              "agents.static or agents.discover", "remove agents.static and agents.discover")
+        return settings
     if not static and not discover:
         raise ConfigError(section.field("static"), "no agents configured",
                           "list agent URLs in agents.static or set agents.discover = \"consul\"")
+    return settings
+
+
+_SELECTOR_FORBIDDEN = set('{}[]\n\r')
+
+
+def parse_prometheus(section: Section) -> PrometheusSettings:
+    url = section.string("url", "", required=True)
+    if not url.startswith(("http://", "https://")) or len(url) < 10 or len(url) > 2000:
+        raise ConfigError(section.field("url"), f"{url!r:.80} is not an http(s) URL",
+                          "for example \"http://127.0.0.1:9090\"")
+    selector = section.string("selector", "")
+    if len(selector) > 500 or _SELECTOR_FORBIDDEN & set(selector):
+        raise ConfigError(section.field("selector"), f"{selector!r:.80} is not a list of label matchers",
+                          "for example 'job=\"azprobe-agent\"', without braces")
+    settings = PrometheusSettings(
+        url=url.rstrip("/"),
+        query_timeout_s=section.number("query_timeout_s", 2.0, min=0.05, max=60.0),
+        lookback_s=section.number("lookback_s", 30.0, min=1.0, max=3600.0),
+        selector=selector,
+        max_response_bytes=section.integer("max_response_bytes", 128 << 20, min=1024, max=4 << 30),
+        max_series=section.integer("max_series", 500_000, min=1, max=100_000_000),
+    )
+    section.reject_unknown()
     return settings
 
 
@@ -216,16 +264,25 @@ def _consul_settings(section: Section) -> Any:
 def parse_config(data: dict[str, Any], path: str = "") -> ControllerConfig:
     root = Section(data, "")
     safety, heartbeat_s = parse_safety(root.section("safety"))
+    agents = parse_agents(root.section("agents"))
+    prometheus = None
+    if agents.source == "prometheus":
+        prometheus = parse_prometheus(root.section("prometheus"))
+    elif root.has("prometheus"):
+        root.section("prometheus")  # mark known, then say why it is unused
+        raise ConfigError("prometheus", "is set but agents.source is \"direct\"",
+                          "set agents.source = \"prometheus\" or remove [prometheus]")
     config = ControllerConfig(
         controller=parse_controller(root.section("controller")),
         consul=_consul_settings(root.section("consul")),
-        agents=parse_agents(root.section("agents")),
+        agents=agents,
         model=parse_model(root.section("model")),
         safety=safety,
         heartbeat_s=heartbeat_s,
         path=path,
         topology=parse_topology(root.section("topology")),
         quorum=QuorumConfig.from_section(root.section("quorum")),
+        prometheus=prometheus,
     )
     root.reject_unknown()
     return config

@@ -44,6 +44,7 @@ from azprobe.controller.leader import LeaderElection, LeaderProbe
 from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
 from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
 from azprobe.controller.policy import Policy
+from azprobe.controller.prom_source import PrometheusCollector
 from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
 from azprobe.contracts.stats import ZoneStats
 from azprobe.controller.quorum import NodeEvidence, ViewJudgement, judge
@@ -72,13 +73,21 @@ class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         c = config.controller
-        self.collector = Collector(evaluation_window_s=c.evaluation_window_s,
-                                   pull_timeout_s=config.agents.pull_timeout_s,
-                                   stale_after_s=config.safety.stale_after_s,
-                                   cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
-                                   slot_s=min(c.interval_s, c.evaluation_window_s / 5),
-                                   token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
-                                   concurrency=config.agents.concurrency, topology=Topology(config.topology))
+        self.collector: Collector | PrometheusCollector
+        topology = Topology(config.topology)
+        if config.prometheus is not None:  # agents.source = "prometheus" (docs/prometheus.md)
+            self.collector = PrometheusCollector(config.prometheus, evaluation_window_s=c.evaluation_window_s,
+                                                 stale_after_s=config.safety.stale_after_s,
+                                                 slot_s=min(c.interval_s, c.evaluation_window_s / 5),
+                                                 topology=topology)
+        else:
+            self.collector = Collector(evaluation_window_s=c.evaluation_window_s,
+                                       pull_timeout_s=config.agents.pull_timeout_s,
+                                       stale_after_s=config.safety.stale_after_s,
+                                       cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
+                                       slot_s=min(c.interval_s, c.evaluation_window_s / 5),
+                                       token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
+                                       concurrency=config.agents.concurrency, topology=topology)
         if not config.topology.azs:
             log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
                         "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)
@@ -339,13 +348,15 @@ class Controller:
             self._pending_targets = [AgentTarget(url) for url in new.agents.static]
         self._last_discovery = -1e9
         self._last_full_gc = time.monotonic()
-        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s, new.topology) != (
+        if (new.controller, new.consul, new.agents.discover, new.heartbeat_s, new.topology, new.agents.source,
+                new.prometheus) != (
                 self.config.controller, self.config.consul, self.config.agents.discover, self.config.heartbeat_s,
-                self.config.topology):
-            log.warning("reload: changes to [controller], [consul], [topology], agents.discover or heartbeat_s "
-                        "need a restart")
+                self.config.topology, self.config.agents.source, self.config.prometheus):
+            log.warning("reload: changes to [controller], [consul], [topology], [prometheus], agents.discover, "
+                        "agents.source or heartbeat_s need a restart")
         self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety, quorum=new.quorum)
-        self.collector.token = new.agents.token
+        if isinstance(self.collector, Collector):
+            self.collector.token = new.agents.token
         log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
 
     async def run(self, stop: asyncio.Event, address_file: str | None = None) -> None:

@@ -9,6 +9,7 @@ DEB_PACKAGES=(
   nftables iptables iproute2 ethtool               # the lab: loss, NFQUEUE delay, offloads
   libnetfilter-queue-dev                           # netfilterqueue (the lab's delay line)
   systemd                                          # systemd-analyze for the unit checks
+  prometheus                                       # the Prometheus source tests; promtool for the rules
 )
 
 log() { printf 'setup: %s\n' "$*"; }

@@ -43,8 +43,7 @@ def _in_fault(samples: list[KvSample], start: float, end: float) -> list[KvSampl
     return [s for s in samples if start <= s.t <= end]
 
 
-def test_default_drill_drains_the_sick_zone_and_recovers(stack: LoopStack) -> None:
-    result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S)
+def _assert_drained_and_recovered(result) -> None:
     m = result.metrics
     context = f"figures: {result.to_json()}"
     assert m.shares_before, "no baseline weights before the fault; " + context
@@ -56,6 +55,25 @@ def test_default_drill_drains_the_sick_zone_and_recovers(stack: LoopStack) -> No
     assert m.recover_s is not None, context
     assert abs(m.shares_after["az-b"] - m.shares_before["az-b"]) <= 5, context
     assert m.min_share_seen >= 1
+
+
+def test_default_drill_drains_the_sick_zone_and_recovers(stack: LoopStack) -> None:
+    result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S)
+    _assert_drained_and_recovered(result)
+
+
+def test_default_drill_drains_the_sick_zone_through_prometheus(stack: LoopStack, tmp_path) -> None:
+    """The same drill with the controllers reading the agent through a real Prometheus
+    server (1 s scrapes of the lab's agent) instead of pulling it: the Prometheus source
+    end to end (docs/prometheus.md). The detection time is printed with the figures."""
+    from azprobe.dev.promserver import PrometheusServer
+    from tests.helpers import wait_for
+
+    with PrometheusServer(tmp_path / "prom", [stack.agent_url.removeprefix("http://")], scrape_interval_s=1.0) as prom:
+        wait_for(prom.targets_up, timeout=30, interval=0.2, message="prometheus to scrape the lab's agent")
+        result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S, prometheus_url=prom.url)
+    print(f"prometheus source (1 s scrapes): figures: {result.to_json()}")
+    _assert_drained_and_recovered(result)  # how fast: bench/loop.py --source prometheus
 
 
 def test_all_zones_degraded_is_panic_not_a_drain(stack: LoopStack) -> None:

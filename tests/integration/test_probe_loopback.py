@@ -238,7 +238,8 @@ def test_http_windows_metrics_healthz(agent):
     with urllib.request.urlopen(f"{url}/healthz", timeout=5) as resp:
         assert resp.status == 200
     metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    assert 'azprobe_path_conn_refused_total{dst="az-c",src="az-a"}' in metrics
+    assert 'azprobe_path_conn_refused_total{dst_az="az-c",node="loopback",src_az="az-a"}' in metrics
+    assert 'azprobe_agent_info{az="az-a",boot_id="' in metrics and "# TYPE azprobe_path_rtt_seconds histogram" in metrics
     assert 'azprobe_events_total{kind="conn_refused"}' in metrics
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(f"{url}/v1/windows?after=x", timeout=5)

@@ -34,12 +34,19 @@ class ControllerPlan:
 def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, agent_urls: Sequence[str],
                       interval_s: float = 1.0, evaluation_window_s: float = 3.0, lock_delay_s: float = 2.0,
                       session_ttl_s: float = 10.0, heartbeat_s: float = 30.0, model: str = "default",
-                      min_samples: int = 20, drain_dwell_s: float | None = None) -> str:
+                      min_samples: int = 20, drain_dwell_s: float | None = None,
+                      prometheus_url: str | None = None) -> str:
     """A controller config (docs/contracts.md "Controller config") with short intervals, so a drill runs in seconds.
-    drain_dwell_s None keeps the controller's default."""
+    drain_dwell_s None keeps the controller's default. prometheus_url: read the agents
+    through that Prometheus (agents.source = "prometheus") instead of pulling them."""
     safety: dict[str, Any] = {"min_samples": min_samples, "heartbeat_s": heartbeat_s}
     if drain_dwell_s is not None:
         safety["drain_dwell_s"] = drain_dwell_s
+    agents: dict[str, Any] = {"static": list(agent_urls), "pull_timeout_s": 0.5}
+    extra: dict[str, Any] = {}
+    if prometheus_url:
+        agents = {"source": "prometheus"}
+        extra["prometheus"] = {"url": prometheus_url, "lookback_s": 5.0, "query_timeout_s": 1.0}
     return dump_toml({
         "controller": {"name": plan.name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
                        "listen": plan.listen, "session_ttl_s": session_ttl_s, "lock_delay_s": lock_delay_s,
@@ -48,7 +55,8 @@ def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, age
                        # for Consul's 2 x TTL
                        "advertise": plan.listen, "leader_probe_failures": LEADER_PROBE_FAILURES},
         "consul": {"address": consul_url, "prefix": prefix},
-        "agents": {"static": list(agent_urls), "pull_timeout_s": 0.5},
+        "agents": agents,
         "model": {"name": model},
         "safety": safety,
+        **extra,
     })

@@ -266,7 +266,8 @@ def stop_strays(work_dir: Path) -> None:
         kill_pids(strays)
 
 
-def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: float | None) -> None:
+def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: float | None,
+                       prometheus_url: str | None = None) -> None:
     stack, scenario = drill.stack, drill.scenario
     for i in range(1, scenario.controllers + 1):
         plan = ControllerPlan(name=f"ctl-{i}")  # loopback port 0: nothing here needs its address
@@ -274,7 +275,7 @@ def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: floa
         path.write_text(controller_config(
             plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=[stack.agent_url],
             lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
-            heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s))
+            heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s, prometheus_url=prometheus_url))
         proc = ManagedProcess(plan.name, azprobe_argv("controller", "--config", str(path)),
                               path.with_suffix(".log"))
         exit_stack.callback(proc.stop)  # before start(): an interrupt right after it is covered
@@ -299,9 +300,11 @@ def _view_state(drill: _Drill, recorder: KvRecorder, poller: AgentPoller, phase:
 
 def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = None, prefix: str | None = None,
               tick: Tick | None = None, baseline_timeout_s: float = 60.0, settle_s: float = 2.0,
-              recover_timeout_s: float = 60.0, drain_dwell_s: float | None = DRAIN_DWELL_S) -> DrillResult:
+              recover_timeout_s: float = 60.0, drain_dwell_s: float | None = DRAIN_DWELL_S,
+              prometheus_url: str | None = None) -> DrillResult:
     """Run one drill against a running stack; controllers and faults are gone on return.
-    drain_dwell_s None: the controller's default dwell."""
+    drain_dwell_s None: the controller's default dwell. prometheus_url: the controllers
+    read the agent through that Prometheus instead of pulling it."""
     fault_s = fault_s if fault_s is not None else scenario.default_fault_s
     timeline = scenario.timeline(fault_s)
     sick = scenario.sick_azs(stack.azs)
@@ -324,7 +327,7 @@ def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = N
         exit_stack.callback(recorder.stop)
         leaders = LeaderRecorder(stack.consul_url, prefix).start()
         exit_stack.callback(leaders.stop)
-        _start_controllers(drill, exit_stack, drain_dwell_s)
+        _start_controllers(drill, exit_stack, drain_dwell_s, prometheus_url)
         exit_stack.callback(stack.clear)  # a failed drill never leaves a fault behind
         drill.note(f"{len(drill.controllers)} controller(s) started, prefix {prefix}")
 

@@ -1,0 +1,96 @@
+"""The Prometheus source against a hostile query API over real HTTP: an answer over
+max_response_bytes (announced or not), a slow answer, not JSON, an HTTP error. Each is
+one failed cycle with every node failing, never an exception, a hang or a window."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from azprobe.controller.collect import AgentState
+from azprobe.controller.config import parse_config
+from azprobe.controller.prom_source import PrometheusCollector
+from tests.unit.test_prom_source import scraped_agent
+
+_, GOOD = scraped_agent(ticks=3)
+GOOD_BODY = json.dumps(GOOD).encode()
+
+
+async def _good(_: web.Request) -> web.Response:
+    return web.Response(body=GOOD_BODY, content_type="application/json")
+
+
+async def _big_announced(_: web.Request) -> web.Response:
+    return web.Response(body=b" " * 5000 + GOOD_BODY, content_type="application/json")
+
+
+async def _big_streamed(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse()  # chunked: no Content-Length to refuse it by
+    await resp.prepare(request)
+    for _ in range(2 * len(GOOD_BODY) // 10_000 + 2):
+        await resp.write(b" " * 10_000)
+    await resp.write_eof()
+    return resp
+
+
+async def _slow(_: web.Request) -> web.Response:
+    await asyncio.sleep(1.5)
+    return web.Response(body=GOOD_BODY)
+
+
+async def _not_json(_: web.Request) -> web.Response:
+    return web.Response(text="<html>proxy error</html>")
+
+
+async def _bad_query(_: web.Request) -> web.Response:
+    return web.json_response({"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400)
+
+
+HANDLERS = {"good": _good, "big": _big_announced, "stream": _big_streamed, "slow": _slow, "html": _not_json,
+            "400": _bad_query}
+
+
+def _collector(port: int, name: str) -> PrometheusCollector:
+    config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
+                           "prometheus": {"url": f"http://127.0.0.1:{port}/{name}", "query_timeout_s": 0.3,
+                                          "max_response_bytes": len(GOOD_BODY) + 1024}})
+    return PrometheusCollector(config.prometheus, evaluation_window_s=1e9, stale_after_s=5.0)
+
+
+@pytest.mark.parametrize("name,why", [("big", "max_response_bytes"), ("stream", "max_response_bytes"),
+                                      ("slow", "timeout"), ("html", "Expecting value"), ("400", "parse error")])
+def test_a_hostile_answer_is_one_failed_cycle(name, why):
+    async def run() -> tuple:
+        app = web.Application()
+        for key, handler in HANDLERS.items():
+            app.router.add_get(f"/{key}/api/v1/query", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        good, bad = _collector(port, "good"), _collector(port, name)
+        try:
+            first = await good.pull_all()  # the same collector code reads a sound answer
+            # A known node first, so there is something to mark failing.
+            bad.cursors = good.cursors
+            result = await bad.pull_all()
+            return first, result, bad
+        finally:
+            await good.close()
+            await bad.close()
+            await runner.cleanup()
+
+    first, result, bad = asyncio.run(run())
+    assert first.ingested == 3 and first.failed == 0
+    assert result.ingested == 0 and result.failed == 1
+    assert bad.counters.pull_errors + bad.counters.pull_timeouts == 1
+    assert bad.agent_states()[AgentState.FAILING] == 1
+    assert bad.take_new() == []
+    (cursor,) = bad.cursors.values()
+    assert why in cursor.last_error, cursor.last_error
+    # Too large or too slow for a first query: the next one reads half the lookback.
+    assert bad.range_s() == (15.0 if name in ("big", "stream", "slow") else 30.0)

@@ -1,0 +1,283 @@
+"""The Prometheus source's pure parts: the bucket contract, answers -> per-node windows
+(exact against the windows the agent served), and hostile answers."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import time
+
+import pytest
+
+from azprobe.agent.prom import AgentCollector
+from azprobe.contracts import prom
+from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
+from azprobe.contracts.window import COUNTER_FIELDS
+from azprobe.controller.collect import AgentState
+from azprobe.controller.config import parse_config
+from azprobe.controller.prom_source import PrometheusCollector
+from azprobe.controller.prom_windows import (SERIES_NAMES, PromAnswerError, node_windows, parse_answer,
+                                             query_for)
+from azprobe.errors import ConfigError
+from tests.fakeagent import PathSpec
+from tests.promagent import SyntheticAgent
+
+PATHS = [PathSpec("az-a", rtt_ms=0.4, connect_ms=0.3), PathSpec("az-b", failures=7, syn_retrans=3, rto=2, rtt_ms=210),
+         PathSpec("other", conn_attempts=5)]
+
+
+def scrape(agent: SyntheticAgent) -> list:
+    """The samples a scrape of the agent's /metrics would read now."""
+    return [s for family in AgentCollector(agent).collect() for s in family.samples if s.name in SERIES_NAMES]
+
+
+def matrix(scrapes: list[tuple[float, list]], instance: str = "10.0.0.1:9740") -> dict:
+    """What Prometheus answers to query_for(): raw samples of every scrape, by series."""
+    series: dict[tuple, dict] = {}
+    for t, samples in scrapes:
+        for s in samples:
+            labels = {"__name__": s.name, **s.labels, "instance": instance, "job": "azprobe"}
+            entry = series.setdefault(tuple(sorted(labels.items())), {"metric": labels, "values": []})
+            entry["values"].append([t, repr(float(s.value))])
+    return {"status": "success", "data": {"resultType": "matrix", "result": list(series.values())}}
+
+
+def scraped_agent(ticks: int = 4) -> tuple[SyntheticAgent, dict]:
+    agent = SyntheticAgent("node-1", "az-a", PATHS)
+    scrapes = [(1000.0, scrape(agent))]
+    for i in range(1, ticks + 1):
+        agent.tick(end=1000.0 + i)
+        scrapes.append((1000.0 + i, scrape(agent)))
+    return agent, matrix(scrapes)
+
+
+# --- the bucket contract --------------------------------------------------------------
+def test_bucket_bounds_are_loglin_bounds_four_per_octave():
+    bounds = prom.BUCKET_BOUNDS_US
+    assert len(bounds) == 65 and bounds[0] == 64 and bounds[-1] == 1 << 22
+    assert all(bucket_lower_bound(bucket_index(b)) == b for b in bounds)
+    assert all(b2 / b1 <= 1.25 + 1e-9 for b1, b2 in zip(bounds, bounds[1:]))
+    assert prom.bound_from_le("6.4e-05") == prom.bound_from_le("0.000064") == 64.0
+    assert prom.bound_from_le("0.00007") is None and prom.bound_from_le("NaN") is None
+    assert prom.bound_from_le("+Inf") == math.inf
+
+
+@pytest.mark.parametrize("values", [range(100, 5000, 7), range(20, 60), [150_000] * 50 + [800] * 900,
+                                    range(1000, 4_000_000, 40_000)])
+def test_coarse_buckets_keep_counts_and_p95_within_a_bucket(values):
+    hist = Histogram()
+    for v in values:
+        hist.record(v)
+    below, deltas = 0, {}
+    for le, cumulative in prom.cumulative_buckets(hist):
+        deltas[prom.bound_from_le(le)] = cumulative - below
+        below = cumulative
+    back = prom.histogram_from_deltas(deltas)
+    assert back.total == hist.total
+    exact, coarse = hist.quantile(0.95), back.quantile(0.95)
+    # Within one classic bucket: 25 % of its bound above 64 µs, 64 µs absolute below.
+    assert abs(coarse - exact) <= max(0.25 * exact, 64) + 1
+
+
+def test_latencies_beyond_the_last_bucket_read_as_at_least_the_last_bound():
+    hist = Histogram()
+    hist.record(9_000_000, 10)
+    deltas = {prom.bound_from_le(le): n for le, n in prom.cumulative_buckets(hist) if le == "+Inf"}
+    assert prom.histogram_from_deltas(deltas).quantile(0.95) >= prom.BUCKET_BOUNDS_US[-1]
+
+
+# --- answers -> windows ---------------------------------------------------------------
+def test_windows_from_prometheus_equal_the_agents_windows():
+    agent, doc = scraped_agent(ticks=4)
+    answer = parse_answer(doc, max_series=10_000)
+    assert answer.garbage_series == 0 and answer.newest == 1004.0
+    (series,) = answer.nodes.values()
+    read = node_windows(series, after=None)
+    windows = read.windows
+    assert read.garbage == 0 and read.newest == 1004.0 and not read.gap
+    assert [(w.start, w.end) for w in windows] == [(1000.0 + i, 1001.0 + i) for i in range(4)]
+    assert {(w.node, w.az, w.boot_id) for w in windows} == {("node-1", "az-a", agent.boot_id)}
+    for got, sent in zip(windows, agent.ring):
+        assert got.util == sent.util
+        by_path = {(p.src, p.dst): p for p in got.paths}
+        assert set(by_path) == {(p.src, p.dst) for p in sent.paths}
+        for p in sent.paths:
+            q = by_path[(p.src, p.dst)]
+            assert {n: getattr(q, n) for n in COUNTER_FIELDS} == {n: getattr(p, n) for n in COUNTER_FIELDS}
+            assert q.rtt_us.total == p.rtt_us.total and q.connect_us.total == p.connect_us.total
+    # A cursor at 1002 reads only the newer scrapes.
+    assert [w.end for w in node_windows(series, after=1002.0).windows] == [1003.0, 1004.0]
+    # A lone first scrape makes no window but sets the cursor: the next delta starts there.
+    lone = parse_answer(matrix([(1000.0, scrape(agent))]), max_series=10_000)
+    (only,) = lone.nodes.values()
+    assert node_windows(only, after=None).windows == [] and node_windows(only, after=None).newest == 1000.0
+    # A cursor whose scrape is no longer in the answer: the counts since it are lost.
+    assert node_windows(series, after=1002.5).gap and not node_windows(series, after=1004.0).gap
+
+
+def test_a_new_boot_counts_from_zero_and_a_missing_scrape_is_one_longer_window():
+    agent = SyntheticAgent("node-1", "az-a", PATHS)
+    first = scrape(agent)
+    agent.tick(end=1001.0)
+    before = scrape(agent)
+    restarted = SyntheticAgent("node-1", "az-a", PATHS)  # new boot_id, totals from 0
+    restarted.tick(end=1003.0)
+    doc = matrix([(1000.0, first), (1001.0, before), (1003.0, scrape(restarted))])
+    (series,) = parse_answer(doc, max_series=10_000).nodes.values()
+    windows = node_windows(series, after=None).windows
+    assert [(w.start, w.end, w.boot_id) for w in windows][-1] == (1001.0, 1003.0, restarted.boot_id)
+    assert {p.dst: p.conn_attempts for p in windows[-1].paths} == {"az-a": 100, "az-b": 100, "other": 5}
+
+
+def test_query_names_every_series_and_the_lookback():
+    q = query_for(12.5, 'job="azprobe"')
+    assert q.endswith(',job="azprobe"}[12500ms]') and "azprobe_path_rtt_seconds_hits_total" in q and "_bucket" not in q
+    assert query_for(0.2).endswith("[1000ms]")
+
+
+# --- hostile answers ------------------------------------------------------------------
+@pytest.mark.parametrize("doc", [None, [], {"status": "error", "error": "bad"}, {"status": "success"},
+                                 {"status": "success", "data": {"resultType": "vector", "result": []}},
+                                 {"status": "success", "data": {"resultType": "matrix", "result": {}}}])
+def test_unusable_answers_are_one_clear_error(doc):
+    with pytest.raises(PromAnswerError):
+        parse_answer(doc, max_series=10)
+
+
+def test_too_many_series_is_refused_before_reading_them():
+    _, doc = scraped_agent(ticks=1)
+    with pytest.raises(PromAnswerError, match="max_series"):
+        parse_answer(doc, max_series=5)
+
+
+def _mutate_series(doc: dict, name: str, change) -> dict:
+    doc = copy.deepcopy(doc)
+    for entry in doc["data"]["result"]:
+        if entry["metric"]["__name__"] == name:
+            change(entry)
+            break
+    return doc
+
+
+@pytest.mark.parametrize("change", [
+    lambda e: e["values"].append([1e12, "1"]),  # timestamp beyond any clock
+    lambda e: e["values"].reverse(),  # timestamps not increasing
+    lambda e: e["values"][0].__setitem__(1, "NaN"),
+    lambda e: e["values"][0].__setitem__(1, "-1"),
+    lambda e: e["values"][0].__setitem__(1, "1e300"),
+    lambda e: e["values"][0].__setitem__(1, 5),  # a number, not Prometheus's string
+    lambda e: e.__setitem__("values", "x"),
+    lambda e: e["metric"].__setitem__("node", "n" * 300),
+    lambda e: e["metric"].__setitem__("instance", "i" * 300),
+    lambda e: e["metric"].__setitem__("job", 7),
+    lambda e: e["metric"].update({f"l{i}": "x" for i in range(40)}),
+    lambda e: e["metric"].pop("node"),
+    lambda e: e["metric"].__setitem__("src_az", ["a"]),
+    lambda e: e["metric"].__setitem__("__name__", "something_else"),
+])
+def test_a_bad_series_is_skipped_and_counted(change):
+    _, doc = scraped_agent(ticks=2)
+    bad = _mutate_series(doc, prom.COUNTER_SERIES["conn_attempts"], change)
+    answer = parse_answer(bad, max_series=10_000)
+    assert answer.garbage_series == 1
+    for series in answer.nodes.values():
+        node_windows(series, after=None)  # never raises
+
+
+def test_an_unknown_bucket_is_garbage_and_a_window_breaking_the_contract_is_dropped_not_the_cycle():
+    _, doc = scraped_agent(ticks=2)
+    hits = prom.HITS_SERIES["rtt_us"]
+    bad = _mutate_series(doc, hits, lambda e: e["metric"].__setitem__("upper", "0.00007"))
+    assert parse_answer(bad, max_series=10_000).garbage_series == 1
+
+    # A CPU utilisation of 150 %: parse_window refuses those windows.
+    bad = _mutate_series(doc, prom.CPU_SERIES, lambda e: e.__setitem__("values", [[t, "1.5"] for t, _ in e["values"]]))
+    (series,) = parse_answer(bad, max_series=10_000).nodes.values()
+    read = node_windows(series, after=None)
+    assert read.windows == [] and read.garbage == 2 and read.newest == 1002.0  # the cursor moves past them
+
+
+def test_more_az_names_than_a_topology_holds_are_garbage():
+    _, doc = scraped_agent(ticks=1)
+    template = next(e for e in doc["data"]["result"]
+                    if e["metric"]["__name__"] == prom.COUNTER_SERIES["conn_ok"])
+    for i in range(40):
+        extra = copy.deepcopy(template)
+        extra["metric"]["dst_az"] = f"az-x{i}"
+        doc["data"]["result"].append(extra)
+    answer = parse_answer(doc, max_series=10_000)
+    (series,) = answer.nodes.values()
+    assert len(series.azs) == prom.MAX_AZ_NAMES and answer.garbage_series > 0
+
+
+def test_collector_ingests_once_and_counts_garbage():
+    agent, doc = scraped_agent(ticks=3)
+    config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
+                           "prometheus": {"url": "http://127.0.0.1:9"}})
+    now = [5000.0]
+    collector = PrometheusCollector(config.prometheus, evaluation_window_s=10.0, stale_after_s=5.0,
+                                    clock=lambda: now[0])
+    answer = parse_answer(doc, max_series=10_000)
+    assert collector.range_s() == 30.0  # first contact: the whole lookback (the backlog)
+    assert collector.ingest(answer, now[0]) == 3
+    collector._remember_position(answer)
+    # Then only back to the node's cursor (its newest scrape) plus the margin. The
+    # scrapes here are stamped 1003 s (1970): by our clock that is the whole lookback.
+    assert collector.range_s() == 30.0
+    collector._oldest_cursor = collector._newest = time.time() - 0.5
+    assert 2.0 <= collector.range_s() < 2.5
+    assert collector.ingest(answer, now[0]) == 0  # overlapping lookback: nothing twice
+    assert [w.seq for w in collector.take_new()] == [1001000, 1002000, 1003000]
+    assert collector.agent_states()[AgentState.UP] == 1
+    (cursor,) = collector.cursors.values()
+    assert (cursor.node, cursor.az, cursor.boot_id) == ("node-1", "az-a", agent.boot_id)
+    # An unreachable Prometheus: every node is failing, nothing is stored, no exception.
+    result = asyncio.run(collector.pull_all())
+    assert result.failed == 1 and collector.counters.pull_errors == 1 and cursor.failures == 1
+    assert collector.agent_states()[AgentState.FAILING] == 1
+    asyncio.run(collector.close())
+
+
+@pytest.mark.parametrize("agents,prometheus,field", [
+    ({"source": "pull"}, None, "agents.source"),
+    ({"source": "prometheus", "static": ["http://127.0.0.1:9740"]}, {"url": "http://x:9090"}, "agents.source"),
+    ({"source": "prometheus"}, {}, "prometheus.url"),
+    ({"source": "prometheus"}, {"url": "ftp://x"}, "prometheus.url"),
+    ({"source": "prometheus"}, {"url": "http://x:9090", "selector": "{job=\"a\"}"}, "prometheus.selector"),
+    ({"source": "prometheus"}, {"url": "http://x:9090", "lookback_s": 0}, "prometheus.lookback_s"),
+    ({"source": "prometheus"}, {"url": "http://x:9090", "typo": 1}, "prometheus.typo"),
+    ({"static": ["http://127.0.0.1:9740"]}, {"url": "http://x:9090"}, "prometheus"),
+])
+def test_config_errors_name_the_field(agents, prometheus, field):
+    doc = {"controller": {"name": "c"}, "consul": {}, "agents": agents}
+    if prometheus is not None:
+        doc["prometheus"] = prometheus
+    with pytest.raises(ConfigError) as exc:
+        parse_config(doc)
+    assert str(exc.value).startswith(f"{field}:") or f" {field}:" in str(exc.value) or field in str(exc.value)
+
+
+def test_two_targets_claiming_one_node_give_one_vantage_point():
+    agent, doc = scraped_agent(ticks=2)
+    _, other = scraped_agent(ticks=2)  # a second target (another job, an unmerged replica)
+    for entry in other["data"]["result"]:
+        entry["metric"]["instance"] = "10.0.0.9:9740"
+    doc["data"]["result"] += other["data"]["result"]
+    answer = parse_answer(doc, max_series=10_000)
+    (series,) = answer.nodes.values()
+    assert answer.garbage_series == len(other["data"]["result"])
+    assert {b for _, b in series.info.values()} == {agent.boot_id}  # one target's samples, never mixed
+
+
+def test_a_sample_missing_from_a_series_is_not_counted_twice_or_as_a_birth():
+    agent, doc = scraped_agent(ticks=3)
+    attempts = prom.COUNTER_SERIES["conn_attempts"]
+    for entry in doc["data"]["result"]:
+        if entry["metric"]["__name__"] == attempts:
+            del entry["values"][1]  # the sample of the second scrape is missing
+    (series,) = parse_answer(doc, max_series=10_000).nodes.values()
+    windows = node_windows(series, after=None).windows
+    per_window = [sum(p.conn_attempts for p in w.paths) for w in windows]
+    assert sum(per_window) == sum(p.conn_attempts for w in agent.ring for p in w.paths)
+    assert max(per_window) <= 2 * sum(p.conn_attempts for p in agent.ring[-1].paths)
