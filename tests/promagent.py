@@ -52,10 +52,10 @@ class SyntheticAgent:
             return window
 
     # --- AgentState ---------------------------------------------------------------
-    def windows_doc(self, after: int) -> dict:
+    def windows_page(self, after: int) -> tuple[dict[str, str], list[Window]]:
         with self.lock:
-            windows = [w.to_json() for w in self.ring if w.seq > after]
-        return {"node": self.node, "az": self.az, "boot_id": self.boot_id, "windows": windows}
+            windows = [w for w in self.ring if w.seq > after]
+        return {"node": self.node, "az": self.az, "boot_id": self.boot_id}, windows
 
     def events_doc(self, after: int) -> dict:
         return {"node": self.node, "az": self.az, "boot_id": self.boot_id, "events": []}

@@ -55,6 +55,7 @@ COUNTER_FIELDS = (
 HISTOGRAM_FIELDS = ("rtt_us", "connect_us")
 MAX_COUNT = 2**32  # per window: above this a counter is garbage, not traffic
 MAX_WINDOW_COUNT = MAX_COUNT
+MAX_SEQ = 2**53  # a window's seq: JSON-exact integers (a synthetic source may number by time in ms)
 MAX_CONNECT_CARRY = 65_536  # completions beyond this window's attempts (see the module docstring)
 MAX_PATHS = 1024  # the BPF side has 16 x 16 paths; room for a bigger build, not for garbage
 MAX_WINDOW_S = 3600.0
@@ -212,6 +213,13 @@ def _count(doc: Mapping, key: str, where: str) -> int:
     return value
 
 
+def _seq(doc: Mapping) -> int:
+    value = doc.get("seq", 0)
+    if type(value) is not int or not 0 <= value <= MAX_SEQ:
+        raise WindowError(f"seq: expected an integer 0..2^53, got {printable(value, 40)}")
+    return value
+
+
 def _number(doc: Mapping, key: str, where: str, lo: float, hi: float) -> float:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -293,7 +301,7 @@ def parse_window(doc: object) -> Window:
         node=_name(doc, "node", "", MAX_NODE_NAME),
         az=_name(doc, "az", "", MAX_AZ_NAME),
         boot_id=_name(doc, "boot_id", "", MAX_BOOT_ID),
-        seq=_count(doc, "seq", ""),
+        seq=_seq(doc),
         start=start,
         end=end,
         util=Utilisation(

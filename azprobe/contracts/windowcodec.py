@@ -37,6 +37,7 @@ import msgspec
 from azprobe.contracts.sketch import MAX_VALUE_BITS, Histogram
 from azprobe.contracts.window import (
     MAX_COUNT,
+    MAX_SEQ,
     SCHEMA_VERSION,
     PathStats,
     Utilisation,
@@ -53,6 +54,7 @@ ACCEPT_BOTH = f"{COMPACT_TYPE}, {JSON_TYPE};q=0.5"
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 LowerBound = Annotated[int, msgspec.Meta(ge=0, le=1 << MAX_VALUE_BITS)]
 Buckets = dict[LowerBound, Count]
 Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
@@ -78,7 +80,7 @@ class _Window(msgspec.Struct, array_like=True):
     node: Name
     az: Name
     boot_id: Name
-    seq: Count
+    seq: Seq
     start: Time
     end: Time
     cpu: Fraction
@@ -230,14 +232,14 @@ def _compact_pending(raw: msgspec.Raw) -> PendingWindow:
         seq, end = head.seq, head.end
     except (msgspec.ValidationError, msgspec.DecodeError):
         seq = end = None
-    return PendingWindow(seq if type(seq) is int and 0 <= seq <= MAX_COUNT else None,
+    return PendingWindow(seq if type(seq) is int and 0 <= seq <= MAX_SEQ else None,
                          float(end) if type(end) in (int, float) and end == end else None,
                          lambda: _window_from_compact(raw))
 
 
-def _json_int(doc: object, key: str) -> int | None:
-    value = doc.get(key) if isinstance(doc, dict) else None
-    return value if type(value) is int and 0 <= value <= MAX_COUNT else None
+def _json_seq(doc: object) -> int | None:
+    value = doc.get("seq") if isinstance(doc, dict) else None
+    return value if type(value) is int and 0 <= value <= MAX_SEQ else None
 
 
 def _json_number(doc: object, key: str) -> float | None:
@@ -254,7 +256,7 @@ def page_from_doc(doc: object) -> WindowsPage:
         raise WindowError("response: expected {node, az, boot_id, windows: [...]}")
     node, az = doc.get("node"), doc.get("az")
     return WindowsPage(node if isinstance(node, str) else "", az if isinstance(az, str) else "", doc["boot_id"],
-                       [PendingWindow(_json_int(raw, "seq"), _json_number(raw, "end"),
+                       [PendingWindow(_json_seq(raw), _json_number(raw, "end"),
                                       (lambda raw=raw: parse_window(raw))) for raw in doc["windows"]])
 
 

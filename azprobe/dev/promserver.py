@@ -12,9 +12,10 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from azprobe.config import parse_host_port
 from azprobe.dev.demo.processes import ManagedProcess
-from azprobe.dev.devconsul.testing import free_port
 from azprobe.errors import PrerequisiteError
 
 JOB = "azprobe-agent"
@@ -60,19 +61,31 @@ class PrometheusServer:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config = self.work_dir / "prometheus.yml"
         config.write_text(scrape_config(self.targets, self.scrape_interval_s, self.rule_files))
-        self.port = free_port()
+        # Port 0: Prometheus binds a free port itself (no find-then-release race); the port
+        # it got is read from its listening socket.
         argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={self.work_dir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
+                "--web.listen-address=127.0.0.1:0", "--storage.tsdb.retention.time=1h",
                 "--log.level=warn"]
         self.proc = ManagedProcess("prometheus", argv, self.work_dir / "prometheus.log").start()
         deadline = time.monotonic() + ready_timeout_s
-        while not self._ready():
+        while not (self.port or self._bound_port()) or not self._ready():
             self.proc.check_alive()
             if time.monotonic() > deadline:
                 raise PrerequisiteError(f"prometheus not ready within {ready_timeout_s:.0f} s; "
                                         f"see {self.proc.log_path}")
             time.sleep(0.1)
         return self
+
+    def _bound_port(self) -> int:
+        """The port of the server's listening socket, once it has one (0 before)."""
+        assert self.proc is not None and self.proc.pid is not None
+        try:
+            listening = [c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN and c.laddr.ip == "127.0.0.1"]
+        except psutil.Error:
+            return 0
+        self.port = min(listening, default=0)
+        return self.port
 
     def _ready(self) -> bool:
         try:

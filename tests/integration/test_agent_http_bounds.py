@@ -51,6 +51,15 @@ class State:
     def path_totals(self) -> dict:
         return {}
 
+    def path_histograms(self) -> dict:
+        return {}
+
+    def identity(self) -> dict[str, str]:
+        return {"node": "n1", "az": "az-a", "boot_id": self.fake.boot_id}
+
+    def latest_util(self) -> None:
+        return None
+
     def event_totals(self) -> dict:
         return {}
 
