@@ -14,6 +14,8 @@ from azprobe.errors import ConfigError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_LISTEN = "0.0.0.0:9740"
+# "auto": the BPF probe, or the sock_diag sampler where the probe cannot load.
+COLLECTORS = ("auto", "bpf", "sockdiag")
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class AgentConfig:
     interval_s: float
     ring_size: int
     topology: dict[str, list[IPNetwork]]
+    collector: str = "auto"
 
 
 def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
@@ -38,6 +41,10 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"))
     interval_s = agent.number("interval_s", 1.0, min=0.1, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)
+    collector = agent.string("collector", "auto")
+    if collector not in COLLECTORS:
+        raise ConfigError(agent.field("collector"), f"{collector!r} is not a collector",
+                          f"use one of {', '.join(COLLECTORS)}")
     agent.reject_unknown()
     root.reject_unknown()
     if not topology:
@@ -46,7 +53,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
         raise ConfigError("node.az", f"{az!r} is not an AZ of [topology]",
                           f"use one of {', '.join(sorted(topology))}")
     return AgentConfig(node=name, az=az, listen=listen, interval_s=interval_s,
-                       ring_size=ring_size, topology=topology)
+                       ring_size=ring_size, topology=topology, collector=collector)
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

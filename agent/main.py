@@ -7,6 +7,7 @@ listening, `on_tick` after every successful tick: hooks for systemd's sd_notify.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -22,6 +23,7 @@ from azprobe.agent.config import AgentConfig, load_agent_config
 from azprobe.agent.http import make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, trie_entries
 from azprobe.agent.probe import Probe, ProbeEvent
+from azprobe.agent.sockdiag import SockDiagCollector
 from azprobe.agent.util import UtilisationSampler
 from azprobe.agent.windows import Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
 from azprobe import sdnotify
@@ -80,7 +82,7 @@ class Agent:
 
     def start(self) -> None:
         if self._probe is None:
-            self._probe = Probe.load()
+            self._probe = load_collector(self.config.collector)
         self._apply(self.config)
         self.probe.open_events(self._record_event)
         # Counts from before this start (another agent sharing the probe, or a previous
@@ -183,7 +185,8 @@ class Agent:
             window = Window(node=self.config.node, az=self.config.az, boot_id=self.boot_id,
                             seq=self._seq, start=self._prev_end, end=max(end, self._prev_end),
                             util=self._util.sample(), paths=path_stats(delta, self.registry.name_of),
-                            lost_events=delta.lost_events)
+                            lost_events=delta.lost_events,
+                            source=getattr(self.probe, "source", "bpf"))
             self._prev, self._prev_end = snap, window.end
             for path, values in delta.counters.items():
                 src, dst = split_path(path)
@@ -248,12 +251,32 @@ class Agent:
         }
 
 
+def load_collector(kind: str) -> Probe | SockDiagCollector:
+    """The collector `[agent] collector` names: "bpf", "sockdiag", or "auto" (the BPF
+    probe, else the sock_diag sampler, with one log line saying why)."""
+    if kind == "sockdiag":
+        log.info("collector: sockdiag (configured)")
+        return SockDiagCollector()
+    if kind == "bpf":
+        return Probe.load()
+    try:
+        return Probe.load()
+    except PrerequisiteError as exc:
+        log.warning("collector: falling back to sockdiag (socket sampling, no per-segment RTT or "
+                    "connect events) because the BPF probe cannot load: %s", exc)
+        return SockDiagCollector()
+
+
 @click.command("agent")
 @click.option("--config", "config_path", required=True, help="Agent TOML config file.")
 @click.option("--listen", default=None, help="host:port for HTTP (overrides agent.listen).")
-def agent_command(config_path: str, listen: str | None) -> None:
+@click.option("--collector", type=click.Choice(["auto", "bpf", "sockdiag"]), default=None,
+              help="Override [agent] collector: the BPF probe, the sock_diag sampler, or auto.")
+def agent_command(config_path: str, listen: str | None, collector: str | None) -> None:
     """Run the node agent: load the probe, serve per-path windows."""
     config = load_agent_config(config_path)
+    if collector:
+        config = dataclasses.replace(config, collector=collector)
     listen_addr = parse_host_port(listen, "--listen") if listen else None
     # systemd Type=notify: READY once loaded and serving, WATCHDOG=1 from the loop's ticks.
     notifier = sdnotify.LoopNotifier(lambda: f"serving {agent.url}, window seq {agent.gauges()['window_seq']:.0f}",

@@ -78,9 +78,12 @@ def compile_program(source: str, extra_cflags: Iterable[str] = ()) -> object:
     """Compile and attach one program of bpf/ with BCC; errors become PrerequisiteError."""
     from bcc import BPF  # noqa: PLC0415 - heavy, and only the agent needs it
 
-    cflags = [f"-I{bpf.source_dir()}", *extra_cflags]
+    # Test-only: point the loader at another program directory (e.g. a broken one, to
+    # exercise the agent's fallback where BCC cannot build).
+    src_dir = Path(os.environ.get("AZPROBE_TEST_BPF_DIR") or bpf.source_dir())
+    cflags = [f"-I{src_dir}", *extra_cflags]
     try:
-        return BPF(src_file=str(bpf.source_dir() / source).encode(), cflags=cflags)
+        return BPF(src_file=str(src_dir / source).encode(), cflags=cflags)
     except Exception as exc:  # BCC raises bare Exception for compile/verify failures
         raise PrerequisiteError(f"cannot load BPF program {source}: {str(exc).splitlines()[0]}") from exc
 
@@ -122,6 +125,8 @@ def _address(raw: bytes) -> str:
 
 class Probe:
     """One loaded azprobe program. Load once per process: BCC costs ~1 s and ~140 MB."""
+
+    source = "bpf"  # the window's `source`: which collector made it
 
     def __init__(self, program: object) -> None:
         self.bpf = program

@@ -26,6 +26,10 @@ COUNTER_FIELDS = (
     "rto",
 )
 HISTOGRAM_FIELDS = ("rtt_us", "connect_us")
+# Which collector made a window: "bpf" (the probe) or "sockdiag" (the sampling fallback).
+# Optional on the wire, "bpf" when absent; readers treat every source alike.
+DEFAULT_SOURCE = "bpf"
+MAX_SOURCE_LEN = 32
 MAX_COUNT = 2**53  # above this a counter is garbage, not traffic
 
 
@@ -94,6 +98,7 @@ class Window:
     paths: list[PathStats]
     lost_events: int = 0
     schema: int = SCHEMA_VERSION
+    source: str = DEFAULT_SOURCE
 
     def to_json(self) -> dict:
         return {
@@ -107,6 +112,7 @@ class Window:
             "util": {"cpu": self.util.cpu, "mem": self.util.mem},
             "paths": [p.to_json() for p in self.paths],
             "lost_events": self.lost_events,
+            "source": self.source,
         }
 
 
@@ -195,4 +201,12 @@ def parse_window(doc: object) -> Window:
         ),
         paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
         lost_events=_count(doc, "lost_events", ""),
+        source=_source(doc),
     )
+
+
+def _source(doc: Mapping) -> str:
+    value = doc.get("source", DEFAULT_SOURCE)
+    if not isinstance(value, str) or not value.isascii() or not value.isalnum() or len(value) > MAX_SOURCE_LEN:
+        raise WindowError(f"source: expected a collector name like \"bpf\", got {value!r:.40}")
+    return value
