@@ -73,3 +73,15 @@ def test_collector_setting_is_checked():
     assert parse_agent_config({**base, "agent": {"collector": "sockdiag"}}).collector == "sockdiag"
     with pytest.raises(ConfigError, match="collector"):
         parse_agent_config({**base, "agent": {"collector": "ebpf"}})
+
+
+def test_doctor_names_the_collector_and_why():
+    from azprobe.doctor import check_collector, fail, ok
+
+    good = [ok("btf", "present")]
+    bad = good + [fail("bcc.compile", "cannot load BPF program empty.bpf.c: boom", "install headers")]
+    assert check_collector(good).detail.startswith("bpf (auto)")
+    fallback = check_collector(bad)
+    assert fallback.status == "warn" and "fallback, because bcc.compile: cannot load" in fallback.detail
+    assert check_collector(bad, "bpf").failed
+    assert check_collector(good, "sockdiag").detail.startswith("sockdiag (configured)")
