@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Service overhead as users see it: how much slower is a service with azprobe loaded?
+
+nginx (Debian) serves a small response in a lab server namespace (az-b); wrk (Debian) in
+the az-a client namespace drives it, once with keep-alive connections and once with a new
+connection per request. Each mode runs PAIRS times with the agent loaded and not loaded,
+interleaved (off/on, then on/off, ...) so drift in a shared machine hits both sides alike.
+Per pair: requests/s ratio (on / off) and P99 latency ratio; reported as median with min
+and max. Then the agent's own CPU (% of one core) and RSS under the lab's traffic
+generators at about 20,000 segments/s plus 500 new connections/s.
+Goals: throughput ratio >= 0.99, P99 ratio <= 1.02, agent <= 2 % of a core and <= 160 MB.
+Prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
+from azprobe.dev.lab.netns import ns_argv  # noqa: E402
+
+PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
+RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
+LOAD_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
+NGINX_PORT = 8080
+# 3 clients x 3 targets: 56 new connections/s each = 500/s; 10 long-lived connections
+# each with a round trip every 9 ms ~ 10,000 round trips/s ~ 20,000 received segments/s.
+LOAD = TrafficSpec(rate=56.0, conns=10, interval_ms=9.0)
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {dir}; proxy_temp_path {dir}; fastcgi_temp_path {dir};
+  uwsgi_temp_path {dir}; scgi_temp_path {dir};
+  server {{
+    listen {addr}:{port} reuseport backlog=4096;
+    location / {{ return 200 "azprobe service_overhead\\n"; }}
+  }}
+}}
+"""
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_wrk(out: str) -> tuple[float, float]:
+    """(requests/s, P99 ms) from `wrk --latency` output."""
+    rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))
+    value, unit = re.search(r"^\s+99%\s+([0-9.]+)(us|ms|s)\s*$", out, re.MULTILINE).groups()
+    return rps, float(value) * UNITS[unit]
+
+
+class AgentProcess:
+    def __init__(self, config: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config),
+                                      "--listen", f"127.0.0.1:{self.port}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"bench: agent exited {self.proc.returncode}: {self.proc.stderr.read()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise SystemExit("bench: agent did not become healthy")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wrk(lab: Lab, url: str, keepalive: bool) -> tuple[float, float]:
+    argv = ["wrk", "-t1", "-c16", f"-d{RUN_S}s", "--latency", url]
+    if not keepalive:
+        argv[1:1] = ["-H", "Connection: close"]
+    return parse_wrk(lab.exec(lab.client_ns("az-a"), argv, timeout=RUN_S + 30).stdout)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
+
+
+def service_pairs(lab: Lab, config: Path, url: str) -> dict:
+    result = {}
+    for mode, keepalive in (("keepalive", True), ("new_connection", False)):
+        rps_ratio, p99_ratio, raw = [], [], []
+        for i in range(PAIRS):
+            runs = {}
+            for loaded in ((False, True) if i % 2 == 0 else (True, False)):
+                agent = AgentProcess(config) if loaded else None
+                try:
+                    runs[loaded] = wrk(lab, url, keepalive)
+                finally:
+                    if agent:
+                        agent.stop()
+            rps_ratio.append(runs[True][0] / runs[False][0])
+            p99_ratio.append(runs[True][1] / runs[False][1])
+            raw.append({"off": runs[False], "on": runs[True]})
+            log(f"{mode} pair {i + 1}: off {runs[False]}, on {runs[True]}")
+        result[mode] = {"rps_ratio": spread(rps_ratio), "p99_ratio": spread(p99_ratio),
+                        "rps_off_median": round(statistics.median(r["off"][0] for r in raw), 1),
+                        "p99_ms_off_median": round(statistics.median(r["off"][1] for r in raw), 3)}
+    return result
+
+
+def agent_under_load(lab: Lab, config: Path) -> dict:
+    lab.start_traffic(LOAD)
+    agent = AgentProcess(config)
+    try:
+        proc = psutil.Process(agent.proc.pid)
+        time.sleep(3.0)  # a benchmark's fixed warm-up, not synchronisation
+        before = lab.traffic_stats()
+        t0, cpu0 = time.monotonic(), sum(proc.cpu_times()[:2])
+        segs0 = tcp_in_segs(lab)
+        time.sleep(LOAD_S)  # the measurement interval
+        t1, cpu1 = time.monotonic(), sum(proc.cpu_times()[:2])
+        segs1 = tcp_in_segs(lab)
+        after = lab.traffic_stats()
+        rss_mb = proc.memory_info().rss / 2**20
+    finally:
+        agent.stop()
+        lab.stop_traffic()
+    seconds = t1 - t0
+    new_conns = sum(t.get("ok", 0) for az in after.values() for t in az.values()) - \
+        sum(t.get("ok", 0) for az in before.values() for t in az.values())
+    return {"segments_in_per_s": round((segs1 - segs0) / seconds), "new_conns_per_s": round(new_conns / seconds),
+            "agent_cpu_pct": round(100.0 * (cpu1 - cpu0) / seconds, 2), "agent_rss_mb": round(rss_mb, 1)}
+
+
+def tcp_in_segs(lab: Lab) -> int:
+    """TCP segments received in every lab namespace (the kernel's own count)."""
+    return sum(lab.netstat(ns).get("TcpInSegs", 0) for ns in lab.namespaces if ns != lab.router_ns)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp, \
+            Lab.up(LabSpec(name=unique_lab_name("so"), state_dir=Path(tmp) / "lab", traffic=False)) as lab:
+        addr = lab.server_addr("az-b")
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=tmp, addr=addr, port=NGINX_PORT))
+        nginx = subprocess.Popen(ns_argv(lab.server_ns("az-b"), ["nginx", "-c", str(conf), "-g", "daemon off;"]),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            url = f"http://{addr}:{NGINX_PORT}/"
+            deadline = time.monotonic() + 15
+            while lab.exec(lab.client_ns("az-a"), ["wrk", "-t1", "-c1", "-d1s", url], check=False).returncode:
+                if time.monotonic() > deadline or nginx.poll() is not None:
+                    raise SystemExit(f"bench: nginx not serving: {nginx.stderr.read() if nginx.poll() else ''}")
+                time.sleep(0.2)
+            service = service_pairs(lab, lab.agent_config_path, url)
+            load = agent_under_load(lab, lab.agent_config_path)
+        finally:
+            nginx.terminate()
+            nginx.wait(timeout=10)
+    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "agent_under_load": load}
+    ka, nc = service["keepalive"], service["new_connection"]
+    log(f"goals: rps ratio >= 0.99 (keepalive {ka['rps_ratio']['median']}, new conn {nc['rps_ratio']['median']}), "
+        f"P99 ratio <= 1.02 ({ka['p99_ratio']['median']}, {nc['p99_ratio']['median']}), agent <= 2 % "
+        f"({load['agent_cpu_pct']}) and <= 160 MB ({load['agent_rss_mb']})")
+    print(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
