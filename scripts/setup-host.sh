@@ -9,6 +9,7 @@ DEB_PACKAGES=(
   nftables iptables iproute2 ethtool               # the lab: loss, NFQUEUE delay, offloads
   libnetfilter-queue-dev                           # netfilterqueue (the lab's delay line)
   systemd                                          # systemd-analyze for the unit checks
+  nginx wrk                                        # bench/service_overhead.py: a service and its load
 )
 
 log() { printf 'setup: %s\n' "$*"; }
