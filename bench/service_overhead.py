@@ -18,13 +18,11 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -33,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
+from probe_overhead import free_port, log, wait_healthy  # noqa: E402  (bench/ is sys.path[0])
 
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
 RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
@@ -60,16 +59,6 @@ http {{
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def parse_wrk(out: str) -> tuple[float, float]:
     """(requests/s, P99 ms) from `wrk --latency` output."""
     rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))
@@ -84,19 +73,11 @@ class AgentProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config),
                                       "--listen", f"127.0.0.1:{self.port}"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"bench: agent exited {self.proc.returncode}: {self.proc.stderr.read()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise SystemExit("bench: agent did not become healthy")
+        try:
+            wait_healthy(self.url, self.proc, timeout=60)
+        except SystemExit:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -94,8 +94,11 @@ def test_sockdiag_agent_sees_the_delay_on_az_b_only(lab, agent_ns):
         lab.clear("az-b")
     target = baseline["az-b"] + 50
     assert abs(measured["az-b"] - target) <= 0.10 * target, (measured, baseline)
+    # The fault must not leak: a leak moves a path by the whole 50 ms. srtt includes the
+    # echo server's reply time, so on a loaded 2-core box an untouched path still wanders
+    # by a few ms between two measurements; 10 % of the fault separates the two cases.
     for dst in ("az-a", "az-c"):
-        assert abs(measured[dst] - baseline[dst]) <= 1.0, (dst, measured, baseline)
+        assert abs(measured[dst] - baseline[dst]) <= 5.0, (dst, measured, baseline)
 
 
 def _free_port() -> int:
