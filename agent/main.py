@@ -1,6 +1,6 @@
 """`azprobe agent`: load the probe once, turn its maps into windows every interval, serve them.
 
-The loop is one thread: it drains the perf buffer until the next interval boundary, then
+The loop is one thread: it drains the event ring buffer until the next interval boundary, then
 reads the maps (tick). `on_ready` runs once the probe is loaded and the HTTP server is
 listening, `on_tick` after every successful tick: hooks for systemd's sd_notify.
 """

@@ -110,8 +110,10 @@ class SampleTracker:
             if s.state == TCP_LISTEN:
                 continue
             current[s.cookie] = s
-            path = lookup.path_of(s.src, s.dst)
             prev = self._seen.get(s.cookie)
+            if prev is s:  # an unchanged TIME_WAIT socket: nothing new to count
+                continue
+            path = lookup.path_of(s.src, s.dst)
             if prev is not None and s.total_retrans > prev.total_retrans:
                 self._add(path, "retrans", s.total_retrans - prev.total_retrans)
                 if s.state == TCP_SYN_SENT:
@@ -135,6 +137,11 @@ class SampleTracker:
                 self._add(lookup.path_of(prev.src, prev.dst), "conn_timeout")
         self._seen = current
 
+    @property
+    def seen(self) -> dict[int, SocketSample]:
+        """The last sample's sockets by cookie."""
+        return self._seen
+
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -153,8 +160,10 @@ _TCPI_TOTAL_RETRANS = struct.Struct("=I")  # tcp_info.tcpi_total_retrans at 100
 MAX_DUMP_BYTES = 1 << 28                # bound one dump (about 2 million sockets)
 
 
-def _parse(buf: memoryview, out: list[SocketSample]) -> bool:
-    """Append the sockets of one recv() of a dump; False once the dump is done."""
+def _parse(buf: memoryview, out: list[SocketSample], known: dict[int, SocketSample]) -> bool:
+    """Append the sockets of one recv() of a dump; False once the dump is done. A socket
+    already `known` in TIME_WAIT is appended as that same object without parsing: at
+    hundreds of connections per second they are most of the dump and never change."""
     offset = 0
     while offset + _NLMSG.size <= len(buf):
         length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
@@ -167,11 +176,17 @@ def _parse(buf: memoryview, out: list[SocketSample]) -> bool:
             raise OSError(errno, f"sock_diag dump: {os.strerror(errno)}")
         body = offset + _NLMSG.size
         family, state, _, _ = _MSG.unpack_from(buf, body)
+        (cookie,) = _COOKIE.unpack_from(buf, body + 44)
+        if state == TCP_TIME_WAIT:
+            prev = known.get(cookie)
+            if prev is not None and prev.state == TCP_TIME_WAIT:
+                out.append(prev)
+                offset += (length + 3) & ~3
+                continue
         sport, dport = _PORTS.unpack_from(buf, body + 4)
         alen = 4 if family == socket.AF_INET else 16
         src = socket.inet_ntop(family, bytes(buf[body + 8:body + 8 + alen]))
         dst = socket.inet_ntop(family, bytes(buf[body + 24:body + 24 + alen]))
-        (cookie,) = _COOKIE.unpack_from(buf, body + 44)
         srtt = retrans = ca_state = 0
         attr = body + 72
         end = offset + length
@@ -191,7 +206,7 @@ def _parse(buf: memoryview, out: list[SocketSample]) -> bool:
     return True
 
 
-def dump_tcp_sockets() -> list[SocketSample]:
+def dump_tcp_sockets(known: dict[int, SocketSample] | None = None) -> list[SocketSample]:
     """Every TCP socket of this network namespace, IPv4 and IPv6, with tcp_info: one
     sock_diag dump per family on a raw netlink socket (parsed here with struct: a
     general netlink library costs ~0.5 ms per socket, this ~5 us)."""
@@ -207,7 +222,7 @@ def dump_tcp_sockets() -> list[SocketSample]:
                 received += len(data)
                 if received > MAX_DUMP_BYTES:
                     raise OSError(f"sock_diag dump larger than {MAX_DUMP_BYTES} bytes")
-                if not _parse(memoryview(data), out):
+                if not _parse(memoryview(data), out, known or {}):
                     break
     return out
 
@@ -218,17 +233,17 @@ class SockDiagCollector:
     source = SOURCE
     lost_events = 0
 
-    def __init__(self, dump: Callable[[], list[SocketSample]] = dump_tcp_sockets) -> None:
+    def __init__(self, dump: Callable[[dict[int, SocketSample]], list[SocketSample]] = dump_tcp_sockets) -> None:
         self._dump = dump
         self._lookup = AzLookup([], 0)
         self._tracker = SampleTracker()
-        dump()  # fail now (no netlink, no sock_diag), not at the first tick
+        dump({})  # fail now (no netlink, no sock_diag), not at the first tick
 
     def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:
         self._lookup = AzLookup(entries, own_az_id)
 
     def snapshot(self, rtt_paths: Iterable[int] = ()) -> Snapshot:
-        self._tracker.update(self._dump(), self._lookup)
+        self._tracker.update(self._dump(self._tracker.seen), self._lookup)
         rtt_kind = bpf.constant("HIST_RTT")
         return Snapshot(counters={p: dict(c) for p, c in self._tracker.counters.items()},
                         hists={(p, rtt_kind): dict(row) for p, row in self._tracker.rtt.items()})

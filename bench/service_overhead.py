@@ -36,6 +36,7 @@ from probe_overhead import free_port, log, wait_healthy  # noqa: E402  (bench/ i
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
 RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
 LOAD_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
+SETTLE_S = 3.0
 NGINX_PORT = 8080
 # 3 clients x 3 targets: 56 new connections/s each = 500/s; 10 long-lived connections
 # each with a round trip every 9 ms ~ 10,000 round trips/s ~ 20,000 received segments/s.
@@ -67,14 +68,26 @@ def parse_wrk(out: str) -> tuple[float, float]:
 
 
 class AgentProcess:
-    def __init__(self, config: Path) -> None:
+    """`azprobe agent` as a process; with `ns`, inside that namespace (the sock_diag
+    collector sees the sockets of its own namespace), health-checked from inside it."""
+
+    def __init__(self, config: Path, collector: str = "auto", lab: Lab | None = None, ns: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config),
-                                      "--listen", f"127.0.0.1:{self.port}"],
+        argv = [sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config), "--collector", collector,
+                "--listen", f"127.0.0.1:{self.port}"]
+        self.proc = subprocess.Popen(ns_argv(ns, argv) if ns else argv,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            wait_healthy(self.url, self.proc, timeout=60)
+            if ns and lab:
+                check = ["curl", "-sf", "-o", "/dev/null", f"{self.url}/healthz"]
+                deadline = time.monotonic() + 60
+                while lab.exec(ns, check, check=False).returncode != 0:
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        raise SystemExit(f"bench: agent in {ns} did not become healthy")
+                    time.sleep(0.2)
+            else:
+                wait_healthy(self.url, self.proc, timeout=60)
         except SystemExit:
             self.stop()
             raise
@@ -109,6 +122,10 @@ def service_pairs(lab: Lab, config: Path, url: str) -> dict:
             runs = {}
             for loaded in ((False, True) if i % 2 == 0 else (True, False)):
                 agent = AgentProcess(config) if loaded else None
+                # Both arms start after the same settle time: a loaded run otherwise
+                # starts seconds later (the agent's load) than an unloaded one, after the
+                # previous run's sockets and CPU load have had longer to drain.
+                time.sleep(SETTLE_S)
                 try:
                     runs[loaded] = wrk(lab, url, keepalive)
                 finally:
@@ -124,9 +141,9 @@ def service_pairs(lab: Lab, config: Path, url: str) -> dict:
     return result
 
 
-def agent_under_load(lab: Lab, config: Path) -> dict:
+def agent_under_load(lab: Lab, config: Path, collector: str = "bpf", ns: str | None = None) -> dict:
     lab.start_traffic(LOAD)
-    agent = AgentProcess(config)
+    agent = AgentProcess(config, collector, lab, ns)
     try:
         proc = psutil.Process(agent.proc.pid)
         time.sleep(3.0)  # a benchmark's fixed warm-up, not synchronisation
@@ -170,10 +187,14 @@ def main() -> None:
                 time.sleep(0.2)
             service = service_pairs(lab, lab.agent_config_path, url)
             load = agent_under_load(lab, lab.agent_config_path)
+            # The fallback sees its own namespace's sockets: run it in az-a's client
+            # namespace (a third of the load's connections, all of their TIME_WAITs).
+            fallback = agent_under_load(lab, lab.agent_config_path, "sockdiag", lab.client_ns("az-a"))
         finally:
             nginx.terminate()
             nginx.wait(timeout=10)
-    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "agent_under_load": load}
+    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "agent_under_load": load,
+              "sockdiag_agent_under_load": fallback}
     ka, nc = service["keepalive"], service["new_connection"]
     log(f"goals: rps ratio >= 0.99 (keepalive {ka['rps_ratio']['median']}, new conn {nc['rps_ratio']['median']}), "
         f"P99 ratio <= 1.02 ({ka['p99_ratio']['median']}, {nc['p99_ratio']['median']}), agent <= 2 % "
