@@ -93,6 +93,14 @@ static __always_inline void rtt_add(u32 path, u64 bucket, u64 count)
         row->buckets[bucket & (AZP_NUM_BUCKETS - 1)] += count;
 }
 
+/* Most sockets never enter Loss: a lock-free lookup miss spares them the delete's
+ * bucket lock on every close and every congestion-state change. */
+static __always_inline void forget_loss(u64 *sk)
+{
+    if (in_loss.lookup(sk))
+        in_loss.delete(sk);
+}
+
 struct flow_id {
     u64 saddr_hi, saddr_lo, daddr_hi, daddr_lo;
     u16 dport;
@@ -232,7 +240,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
             struct azp_path_counters *c = counters(start.path);
             if (newstate == AZP_TCP_ESTABLISHED) {
                 /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
-                in_loss.delete(&sk);
+                forget_loss(&sk);
                 if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
                     struct flow_id f = flow_of(&addrs, args->dport);
                     flow_cache_put(&f, start.path);
@@ -254,7 +262,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         }
     }
     if (newstate == AZP_TCP_CLOSE)
-        in_loss.delete(&sk);
+        forget_loss(&sk);
     return 0;
 }
 
@@ -297,7 +305,7 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 {
     u64 sk = (u64)args->skaddr;
     if (args->cong_state != AZP_TCP_CA_LOSS) {
-        in_loss.delete(&sk);
+        forget_loss(&sk);
         return 0;
     }
     if (in_loss.lookup(&sk))
