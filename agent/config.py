@@ -16,6 +16,8 @@ from azprobe.errors import ConfigError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_LISTEN = "0.0.0.0:9740"
+# "auto": the BPF probe, or the sock_diag sampler where the probe cannot load.
+COLLECTORS = ("auto", "bpf", "sockdiag")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class AgentConfig:
     topology: dict[str, list[IPNetwork]]
     token_file: str = ""  # a bearer token every /v1/* request must carry (docs/scale.md)
     token: str = field(default="", repr=False)
+    collector: str = "auto"
 
 
 def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
@@ -58,6 +61,10 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
         except ValueError as exc:
             raise ConfigError(agent.field("token_file"), str(exc),
                               "write one random token (e.g. `openssl rand -hex 32`) to it, mode 0600") from None
+    collector = agent.string("collector", "auto")
+    if collector not in COLLECTORS:
+        raise ConfigError(agent.field("collector"), f"{collector!r} is not a collector",
+                          f"use one of {', '.join(COLLECTORS)}")
     agent.reject_unknown()
     root.reject_unknown()
     if not topology:
@@ -66,7 +73,8 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
         raise ConfigError("node.az", f"{az!r} is not an AZ of [topology]",
                           f"use one of {', '.join(sorted(topology))}")
     return AgentConfig(node=name, az=az, listen=listen, interval_s=interval_s,
-                       ring_size=ring_size, topology=topology, token_file=token_file, token=token)
+                       ring_size=ring_size, topology=topology, token_file=token_file, token=token,
+                       collector=collector)
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

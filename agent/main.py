@@ -1,12 +1,13 @@
 """`azprobe agent`: load the probe once, turn its maps into windows every interval, serve them.
 
-The loop is one thread: it drains the perf buffer until the next interval boundary, then
+The loop is one thread: it drains the event ring buffer until the next interval boundary, then
 reads the maps (tick). `on_ready` runs once the probe is loaded and the HTTP server is
 listening, `on_tick` after every successful tick: hooks for systemd's sd_notify.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -22,6 +23,7 @@ from azprobe.agent.config import AgentConfig, load_agent_config
 from azprobe.agent.http import make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, trie_entries
 from azprobe.agent.probe import Probe, ProbeEvent
+from azprobe.agent.sockdiag import SockDiagCollector
 from azprobe.agent.util import UtilisationSampler
 from azprobe.agent.windows import Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
 from azprobe import sdnotify
@@ -91,7 +93,7 @@ class Agent:
 
     def start(self) -> None:
         if self._probe is None:
-            self._probe = Probe.load()
+            self._probe = load_collector(self.config.collector)
         self._apply(self.config)
         self.probe.open_events(self._record_event)
         # Counts from before this start (another agent sharing the probe, or a previous
@@ -194,7 +196,8 @@ class Agent:
             window = Window(node=self.config.node, az=self.config.az, boot_id=self.boot_id,
                             seq=self._seq, start=self._prev_end, end=max(end, self._prev_end),
                             util=self._util.sample(), paths=path_stats(delta, self.registry.name_of),
-                            lost_events=delta.lost_events)
+                            lost_events=delta.lost_events,
+                            source=getattr(self.probe, "source", "bpf"))
             self._prev, self._prev_end = snap, window.end
             for path, values in delta.counters.items():
                 src, dst = split_path(path)
@@ -275,14 +278,34 @@ class Agent:
         }
 
 
+def load_collector(kind: str) -> Probe | SockDiagCollector:
+    """The collector `[agent] collector` names: "bpf", "sockdiag", or "auto" (the BPF
+    probe, else the sock_diag sampler, with one log line saying why)."""
+    if kind == "sockdiag":
+        log.info("collector: sockdiag (configured)")
+        return SockDiagCollector()
+    if kind == "bpf":
+        return Probe.load()
+    try:
+        return Probe.load()
+    except PrerequisiteError as exc:
+        log.warning("collector: falling back to sockdiag (socket sampling, no per-segment RTT or "
+                    "connect events) because the BPF probe cannot load: %s", exc)
+        return SockDiagCollector()
+
+
 @click.command("agent")
 @click.option("--config", "config_path", required=True, help="Agent TOML config file.")
 @click.option("--listen", default=None, help="host:port for HTTP (overrides agent.listen; port 0: any free port).")
 @click.option("--address-file", default=None, type=click.Path(dir_okay=False),
               help="Once serving, write the bound host:port here (for listen port 0).")
-def agent_command(config_path: str, listen: str | None, address_file: str | None) -> None:
+@click.option("--collector", type=click.Choice(["auto", "bpf", "sockdiag"]), default=None,
+              help="Override [agent] collector: the BPF probe, the sock_diag sampler, or auto.")
+def agent_command(config_path: str, listen: str | None, address_file: str | None, collector: str | None) -> None:
     """Run the node agent: load the probe, serve per-path windows."""
     config = load_agent_config(config_path)
+    if collector:
+        config = dataclasses.replace(config, collector=collector)
     listen_addr = parse_host_port(listen, "--listen", listen=True) if listen else None
     # systemd Type=notify: READY once loaded and serving, WATCHDOG=1 from the loop's ticks.
     notifier = sdnotify.LoopNotifier(lambda: f"serving {agent.url}, window seq {agent.gauges()['window_seq']:.0f}",

@@ -1,5 +1,5 @@
 """The kernel side's thin shell: load bpf/azprobe.bpf.c with BCC once, fill the LPM trie,
-read the per-CPU maps as cumulative Snapshots and drain the perf buffer of events."""
+read the per-CPU maps as cumulative Snapshots and drain the ring buffer of events."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from azprobe.errors import PrerequisiteError
 log = logging.getLogger(__name__)
 
 TRACEFS = Path("/sys/kernel/tracing")
+PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
 TRACEPOINTS = ("tcp/tcp_probe", "tcp/tcp_retransmit_skb", "tcp/tcp_cong_state_set",
                "tcp/tcp_receive_reset", "sock/inet_sock_set_state")
@@ -61,13 +62,28 @@ def tracepoint_has_field(tracepoint: str, field_name: str) -> bool:
     return any(f" {field_name};" in line for line in fmt.splitlines() if line.strip().startswith("field:"))
 
 
+def ephemeral_port_cflags(path: Path = PORT_RANGE) -> list[str]:
+    """-D flags with the node's ephemeral port range: tcp_probe drops segments of sockets
+    whose local port is outside it (accepted sockets) without touching a map. No flags,
+    so no filter, when the range is unreadable."""
+    try:
+        lo, hi = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        log.warning("cannot read %s: tcp_probe looks up every segment's flow", path)
+        return []
+    return [f"-DAZP_EPHEMERAL_LO={lo}", f"-DAZP_EPHEMERAL_HI={hi}"]
+
+
 def compile_program(source: str, extra_cflags: Iterable[str] = ()) -> object:
     """Compile and attach one program of bpf/ with BCC; errors become PrerequisiteError."""
     from bcc import BPF  # noqa: PLC0415 - heavy, and only the agent needs it
 
-    cflags = [f"-I{bpf.source_dir()}", *extra_cflags]
+    # Test-only: point the loader at another program directory (e.g. a broken one, to
+    # exercise the agent's fallback where BCC cannot build).
+    src_dir = Path(os.environ.get("AZPROBE_TEST_BPF_DIR") or bpf.source_dir())
+    cflags = [f"-I{src_dir}", *extra_cflags]
     try:
-        return BPF(src_file=str(bpf.source_dir() / source).encode(), cflags=cflags)
+        return BPF(src_file=str(src_dir / source).encode(), cflags=cflags)
     except Exception as exc:  # BCC raises bare Exception for compile/verify failures
         raise PrerequisiteError(f"cannot load BPF program {source}: {str(exc).splitlines()[0]}") from exc
 
@@ -110,9 +126,10 @@ def _address(raw: bytes) -> str:
 class Probe:
     """One loaded azprobe program. Load once per process: BCC costs ~1 s and ~140 MB."""
 
+    source = "bpf"  # the window's `source`: which collector made it
+
     def __init__(self, program: object) -> None:
         self.bpf = program
-        self.lost_events = 0
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
@@ -121,6 +138,7 @@ class Probe:
         cflags = []
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
+        cflags += ephemeral_port_cflags()
         return cls(compile_program(bpf.PROGRAM, cflags))
 
     # -- topology ------------------------------------------------------------------
@@ -145,6 +163,11 @@ class Probe:
         config[ctypes.c_int(0)] = leaf
         # Cached flow -> path answers may be stale now; flows re-enter on their next connect.
         self.bpf[b"flow_cache"].clear()
+
+    @property
+    def lost_events(self) -> int:
+        """Events the ring buffer had no room for (counted by the program), since load."""
+        return sum(cpu.ring_drops for cpu in self.bpf[b"probe_stats"][ctypes.c_int(0)])
 
     def trie_size(self) -> int:
         return len(list(self.bpf[b"az_trie"].keys()))
@@ -194,14 +217,15 @@ class Probe:
             for cpu_value in per_cpu:
                 for name in BPF_COUNTER_FIELDS:
                     sums[name] += getattr(cpu_value, name)
-            snap.counters[getattr(key, "value", key)] = sums
+            if any(sums.values()):  # an array has every path; only used ones matter
+                snap.counters[getattr(key, "value", key)] = sums
         for key, per_cpu in self._items(self.bpf[b"hists"]):
             snap.hists.setdefault((key.path, key.kind), {})[key.bucket] = sum(per_cpu)
         return snap
 
     # -- events --------------------------------------------------------------------
-    def open_events(self, on_event: Callable[[ProbeEvent], None], page_cnt: int = 64) -> None:
-        """Deliver events to `on_event` (replacing an earlier receiver: the perf buffer
+    def open_events(self, on_event: Callable[[ProbeEvent], None]) -> None:
+        """Deliver events to `on_event` (replacing an earlier receiver: the ring buffer
         is opened once per probe, so agents can take turns on one loaded program)."""
         first = self._on_event is None
         self._on_event = on_event
@@ -211,7 +235,7 @@ class Probe:
 
         # No reference to the table is kept here: BCC's cleanup must be able to free it
         # while the map fd is still open.
-        def handle(_cpu: int, data: int, _size: int) -> None:
+        def handle(_ctx: int, data: int, _size: int) -> None:
             raw = self.bpf[b"events"].event(data)
             src, dst = divmod(raw.path, max_az)
             receiver = self._on_event
@@ -220,15 +244,12 @@ class Probe:
                                     src_az_id=src, dst_az_id=dst, saddr=_address(raw.saddr),
                                     sport=raw.sport, daddr=_address(raw.daddr), dport=raw.dport))
 
-        def lost(count: int) -> None:
-            self.lost_events += count
-
-        self.bpf[b"events"].open_perf_buffer(handle, page_cnt=page_cnt, lost_cb=lost)
+        self.bpf[b"events"].open_ring_buffer(handle)
 
     def poll_events(self, timeout_ms: int) -> None:
         if self._on_event is None:
             return
-        self.bpf.perf_buffer_poll(timeout=max(0, int(timeout_ms)))
+        self.bpf.ring_buffer_poll(timeout=max(0, int(timeout_ms)))
 
     def program_stats(self) -> dict[str, tuple[int, int]]:
         """Handler name (e.g. "tcp_probe") -> (run_time_ns, run_cnt) from bpf_stats."""

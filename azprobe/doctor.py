@@ -169,6 +169,27 @@ def agent_checks(*, tracefs: Path | None = None, btf: Path | None = None) -> Ite
         yield check_bcc_compile()
 
 
+def check_collector(bpf_checks: list[Check], configured: str = "auto") -> Check:
+    """Which collector `azprobe agent` will run here and why: the BPF probe when every
+    check it needs passed, else (collector = auto) the sock_diag sampler, if it works."""
+    broken = next((c for c in bpf_checks if c.failed), None)
+    if configured == "bpf" or (configured == "auto" and broken is None):
+        if broken is None:
+            return ok("collector", f"bpf ({configured}): the probe loads here")
+        return fail("collector", f"bpf (configured) cannot load: {broken.name}: {broken.detail}", broken.fix)
+    from azprobe.agent.sockdiag import dump_tcp_sockets  # noqa: PLC0415
+
+    try:
+        count = len(dump_tcp_sockets())
+    except Exception as exc:  # netlink errors come in many types
+        return fail("collector", f"sockdiag cannot read sockets: {exc}",
+                    "the agent needs NETLINK_SOCK_DIAG (Linux with CONFIG_INET_DIAG)")
+    why = "configured" if configured == "sockdiag" else f"fallback, because {broken.name}: {broken.detail}"
+    return warn("collector", f"sockdiag ({why}); sock_diag reads {count} TCP sockets",
+                "socket sampling sees no per-segment RTT, no exact RTO counts and no connect failing between "
+                "samples (docs/probe.md); fix the BPF checks above for the probe")
+
+
 # --- controller role: Consul and the agents ----------------------------------------------
 
 def skew_bounds(sent_at: float, received_at: float, date_header: str) -> tuple[float, float]:
@@ -308,12 +329,15 @@ def controller_checks(config_path: str | None) -> Iterator[Check]:
 def run_checks(role: Role, config_path: str | None) -> list[Check]:
     checks: list[Check] = []
     if role is Role.AGENT:
+        collector = "auto"
         if config_path:
             from azprobe.agent.config import load_agent_config
 
-            load_agent_config(config_path)  # ConfigError -> exit 2
+            collector = load_agent_config(config_path).collector  # ConfigError -> exit 2
             checks.append(ok("config", f"{config_path} is valid"))
-        checks.extend(agent_checks())
+        bpf_checks = list(agent_checks())
+        checks.extend(bpf_checks)
+        checks.append(check_collector(bpf_checks, collector))
         # Agents need Consul only when they register for discovery; check it when the
         # operator points at one.
         if os.environ.get("CONSUL_HTTP_ADDR"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PROGRAM = "azprobe.bpf.c"
 EMPTY_PROGRAM = "empty.bpf.c"
-HEADER = "azprobe.h"
+HEADER = "azprobe.h"  # shared with Python; BPF-only helpers: azprobe.bpf.h
 
 _DEFINE = re.compile(r"^#define\s+(AZP_\w+)\s+(\d+)\b", re.MULTILINE)
 

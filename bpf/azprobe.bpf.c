@@ -3,13 +3,17 @@
  * Only tracepoint context fields are read (BCC builds the `args` structs from tracefs):
  * the installed kernel headers belong to another kernel, so struct sock offsets from
  * them would be wrong. Maps are per-CPU and cumulative; the agent sums CPUs and takes
- * deltas each interval.
+ * deltas each interval. Dense ids (paths 0..AZP_MAX_PATHS-1) index per-CPU arrays: an
+ * inlined lookup, no hashing, no lookup_or_try_init. Handlers never nest on one CPU (the
+ * kernel skips a tracepoint program while another runs there), so per-CPU values take
+ * plain increments.
  */
-#include "azprobe.h"
+#include "azprobe.bpf.h"
 
 BPF_LPM_TRIE(az_trie, struct azp_lpm_key, u32, AZP_MAX_PREFIXES);
 BPF_ARRAY(agent_config, struct azp_config, 1);
-BPF_PERCPU_HASH(path_counters, u32, struct azp_path_counters, AZP_MAX_PATHS);
+BPF_PERCPU_ARRAY(path_counters, struct azp_path_counters, AZP_MAX_PATHS);
+/* Connect latency: sparse (a connect per event, few paths x buckets used), so a hash. */
 BPF_PERCPU_HASH(hists, struct azp_hist_key, u64, AZP_MAX_HIST_ENTRIES);
 /* LRU: a socket we never see closing (program loaded mid-connect) cannot leak a slot. */
 BPF_TABLE("lru_hash", u64, struct azp_connect_start, connecting, AZP_MAX_TRACKED_SOCKS);
@@ -23,7 +27,10 @@ BPF_TABLE("lru_hash", u64, u8, in_loss, AZP_MAX_TRACKED_SOCKS);
  * array when it reloads the topology. */
 BPF_ARRAY(flow_cache, struct azp_flow_slot, AZP_FLOW_CACHE_SLOTS);
 BPF_PERCPU_ARRAY(rtt_rows, struct azp_rtt_row, AZP_MAX_PATHS);
-BPF_PERF_OUTPUT(events);
+BPF_PERCPU_ARRAY(probe_stats, struct azp_probe_stats, 1);
+BPF_RINGBUF_OUTPUT(events, AZP_RINGBUF_PAGES);
+
+
 
 /* Copied out of the context first: the verifier rejects loads through a ctx pointer an
  * inlined helper has offset. */
@@ -66,8 +73,7 @@ static __always_inline u32 path_of(const struct addr_pair *a)
 
 static __always_inline struct azp_path_counters *counters(u32 path)
 {
-    struct azp_path_counters zero = {};
-    return path_counters.lookup_or_try_init(&path, &zero);
+    return path_counters.lookup(&path);
 }
 
 static __always_inline void hist_add(u32 path, u16 kind, u64 value)
@@ -76,7 +82,23 @@ static __always_inline void hist_add(u32 path, u16 kind, u64 value)
     u64 zero = 0;
     u64 *n = hists.lookup_or_try_init(&key, &zero);
     if (n)
-        __sync_fetch_and_add(n, 1);
+        *n += 1;
+}
+
+/* Count srtt samples of one bucket in the path's per-CPU RTT row. */
+static __always_inline void rtt_add(u32 path, u64 bucket, u64 count)
+{
+    struct azp_rtt_row *row = rtt_rows.lookup(&path);
+    if (row)
+        row->buckets[bucket & (AZP_NUM_BUCKETS - 1)] += count;
+}
+
+/* Most sockets never enter Loss: a lock-free lookup miss spares them the delete's
+ * bucket lock on every close and every congestion-state change. */
+static __always_inline void forget_loss(u64 *sk)
+{
+    if (in_loss.lookup(sk))
+        in_loss.delete(sk);
 }
 
 struct flow_id {
@@ -102,7 +124,16 @@ static __always_inline struct flow_id flow_of(const struct addr_pair *a, u16 dpo
 }
 
 /* Remember an opened flow's path (a colliding flow takes the slot over: the other then
- * goes without RTT samples until it is seen connecting again, never with wrong ones). */
+ * goes without RTT samples until it is seen connecting again).
+ *
+ * Readers on other CPUs take no lock: tcp_probe reads `valid`, then the key fields, then
+ * `path`, with nothing re-checked afterwards. So while a slot is being taken over, a
+ * reader can see a mix of the old and the new flow; it counts a sample only if every
+ * field it read equals its own flow, which can pair the new flow's key with the old
+ * path. The cost is bounded and harmless: it needs a hash collision at the instant of a
+ * connect, it mis-files at most the samples of that instant, and it never invents a
+ * sample. A sequence re-check would cost the hot path
+ * a second read of the line on every segment to protect against that. */
 static __always_inline void flow_cache_put(const struct flow_id *f, u32 path)
 {
     u32 slot = flow_slot(f);
@@ -136,12 +167,25 @@ static __always_inline void emit(void *ctx, u8 kind, u32 path, const struct addr
     ev.family = family;
     ev.kind = kind;
     ev.path = path;
-    events.perf_submit(ctx, &ev, sizeof(ev));
+    if (events.ringbuf_output(&ev, sizeof(ev), 0) != 0) {
+        u32 zero = 0;
+        struct azp_probe_stats *st = probe_stats.lookup(&zero);
+        if (st)
+            st->ring_drops += 1;
+    }
 }
 
-/* Smoothed RTT per received segment on flows this node opened to an AZ. */
+/* Smoothed RTT per received segment on flows this node opened to an AZ: the per-segment
+ * path. Segments of sockets whose local port is outside the node's ephemeral port range
+ * (accepted server sockets: their local port is the service's) cannot be in the flow
+ * cache, so they are dropped from the context alone, before any map is touched: on a
+ * busy machine every map line a handler touches costs a cache miss. */
 TRACEPOINT_PROBE(tcp, tcp_probe)
 {
+#ifdef AZP_EPHEMERAL_LO
+    if (args->sport < AZP_EPHEMERAL_LO || args->sport > AZP_EPHEMERAL_HI)
+        return 0;
+#endif
     struct flow_id f = {.dport = args->dport};
     /* saddr/daddr hold a sockaddr_in (address at 4) or sockaddr_in6 (address at 8). */
     if (args->family == AZP_AF_INET) {
@@ -164,10 +208,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     if (!e || !e->valid || e->dport != f.dport || e->daddr_lo != f.daddr_lo || e->saddr_lo != f.saddr_lo ||
         e->daddr_hi != f.daddr_hi || e->saddr_hi != f.saddr_hi)
         return 0;
-    u32 path = e->path;
-    struct azp_rtt_row *row = rtt_rows.lookup(&path);
-    if (row) /* per-CPU, and tcp_probe never nests on one CPU: no atomic needed */
-        row->buckets[azp_bucket_index(args->srtt) & (AZP_NUM_BUCKETS - 1)] += 1;
+    rtt_add(e->path, azp_bucket_index(args->srtt), 1);
     return 0;
 }
 
@@ -188,7 +229,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         connecting.update(&sk, &start);
         struct azp_path_counters *c = counters(path);
         if (c)
-            __sync_fetch_and_add(&c->conn_attempts, 1);
+            c->conn_attempts += 1;
         return 0;
     }
     if (oldstate == AZP_TCP_SYN_SENT) {
@@ -199,21 +240,21 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
             struct azp_path_counters *c = counters(start.path);
             if (newstate == AZP_TCP_ESTABLISHED) {
                 /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
-                in_loss.delete(&sk);
+                forget_loss(&sk);
                 if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
                     struct flow_id f = flow_of(&addrs, args->dport);
                     flow_cache_put(&f, start.path);
                 }
                 if (c)
-                    __sync_fetch_and_add(&c->conn_ok, 1);
+                    c->conn_ok += 1;
                 hist_add(start.path, AZP_HIST_CONNECT, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
             } else if (newstate == AZP_TCP_CLOSE) {
                 u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
                 if (c) {
                     if (start.got_reset)
-                        __sync_fetch_and_add(&c->conn_refused, 1);
+                        c->conn_refused += 1;
                     else
-                        __sync_fetch_and_add(&c->conn_timeout, 1);
+                        c->conn_timeout += 1;
                 }
                 emit(args, kind, start.path, &addrs, args->sport,
                      args->dport, args->family);
@@ -221,7 +262,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         }
     }
     if (newstate == AZP_TCP_CLOSE)
-        in_loss.delete(&sk);
+        forget_loss(&sk);
     return 0;
 }
 
@@ -248,9 +289,9 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     struct azp_path_counters *c = counters(path);
     if (!c)
         return 0;
-    __sync_fetch_and_add(&c->retrans, 1);
+    c->retrans += 1;
     if (args->state == AZP_TCP_SYN_SENT) {
-        __sync_fetch_and_add(&c->syn_retrans, 1);
+        c->syn_retrans += 1;
         emit(args, AZP_EV_SYN_RETRANS, path, &addrs, args->sport,
              args->dport, args->family);
     }
@@ -264,7 +305,7 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 {
     u64 sk = (u64)args->skaddr;
     if (args->cong_state != AZP_TCP_CA_LOSS) {
-        in_loss.delete(&sk);
+        forget_loss(&sk);
         return 0;
     }
     if (in_loss.lookup(&sk))
@@ -278,9 +319,9 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
     u8 kind = connecting.lookup(&sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
     if (c) {
         if (kind == AZP_EV_SYN_RTO)
-            __sync_fetch_and_add(&c->syn_rto, 1);
+            c->syn_rto += 1;
         else
-            __sync_fetch_and_add(&c->rto, 1);
+            c->rto += 1;
     }
     emit(args, kind, path, &addrs, args->sport, args->dport,
          args->family);

@@ -1,4 +1,6 @@
-/* Record layouts and constants shared by bpf/azprobe.bpf.c and the Python agent.
+/* Record layouts and constants shared by bpf/azprobe.bpf.c and the Python agent (the
+ * libbpf-tools split: this header holds only what both sides read; BPF-only helpers are
+ * in azprobe.bpf.h).
  *
  * The agent reads the `#define AZP_*` integer constants from this file (azprobe.bpf.constant, bpf/__init__.py),
  * so a constant changes in one place only. Map keys and values reach Python through
@@ -23,6 +25,8 @@
  * per event here (fewer TLB misses). */
 #define AZP_FLOW_CACHE_BITS 9
 #define AZP_FLOW_CACHE_SLOTS 512 /* 1 << AZP_FLOW_CACHE_BITS */
+/* Event ring buffer (BPF_MAP_TYPE_RINGBUF), in pages: a power of two. */
+#define AZP_RINGBUF_PAGES 64
 
 /* loglin-16, exactly azprobe/contracts/sketch.py: < 16 exact; then 16 linear sub-buckets per octave. */
 #define AZP_SUB_BUCKET_BITS 4
@@ -33,7 +37,7 @@
 #define AZP_HIST_RTT 1
 #define AZP_HIST_CONNECT 2
 
-/* Event kinds on the perf buffer (azp_event.kind). */
+/* Event kinds on the ring buffer (azp_event.kind). */
 #define AZP_EV_SYN_RETRANS 1
 #define AZP_EV_RTO 2          /* data RTO: entry into TCP_CA_Loss outside SYN_SENT */
 #define AZP_EV_SYN_RTO 3      /* SYN timeout: entry into TCP_CA_Loss in SYN_SENT */
@@ -85,6 +89,11 @@ struct azp_flow_slot {
     u32 path;
 };
 
+/* Program-wide counters (a one-element per-CPU array). */
+struct azp_probe_stats {
+    u64 ring_drops;   /* events the ring buffer had no room for */
+};
+
 /* One path's RTT histogram: a per-CPU array element per path, so the hot handler
  * touches one contiguous row (one page) per path. */
 struct azp_rtt_row {
@@ -117,42 +126,5 @@ struct azp_event {
     u32 path;
     u32 pad2;
 };
-
-#ifndef __always_inline
-#define __always_inline inline __attribute__((always_inline))
-#endif
-
-/* floor(log2(v)) for v > 0, branchless as in libbpf-tools' bits.bpf.h. */
-static __always_inline u64 azp_log2_32(u32 v)
-{
-    u32 shift, r;
-    r = (v > 0xFFFF) << 4; v >>= r;
-    shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
-    shift = (v > 0xF) << 2; v >>= shift; r |= shift;
-    shift = (v > 0x3) << 1; v >>= shift; r |= shift;
-    r |= (v >> 1);
-    return r;
-}
-
-static __always_inline u64 azp_log2_64(u64 v)
-{
-    u32 hi = v >> 32;
-    if (hi)
-        return azp_log2_32(hi) + 32;
-    return azp_log2_32((u32)v);
-}
-
-/* The bucket index of sketch.bucket_index(v). */
-static __always_inline u32 azp_bucket_index(u64 v)
-{
-    const u64 max_value = (1ULL << AZP_MAX_VALUE_BITS) - 1;
-    if (v > max_value)
-        v = max_value;
-    if (v < (1 << AZP_SUB_BUCKET_BITS))
-        return (u32)v;
-    u64 octave = azp_log2_64(v);
-    u64 sub = (v >> (octave - AZP_SUB_BUCKET_BITS)) & ((1 << AZP_SUB_BUCKET_BITS) - 1);
-    return (u32)((octave - AZP_SUB_BUCKET_BITS + 1) * (1 << AZP_SUB_BUCKET_BITS) + sub);
-}
 
 #endif /* AZPROBE_H */

@@ -10,6 +10,7 @@ DEB_PACKAGES=(
   libnetfilter-queue-dev                           # netfilterqueue (the lab's delay line)
   systemd                                          # systemd-analyze for the unit checks
   prometheus                                       # the Prometheus source tests; promtool for the rules
+  nginx wrk                                        # bench/service_overhead.py: a service and its load
 )
 
 log() { printf 'setup: %s\n' "$*"; }

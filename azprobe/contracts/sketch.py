@@ -1,4 +1,4 @@
-"""Log-linear histograms ("loglin-16"), computed identically in BPF (bpf/azprobe.h).
+"""Log-linear histograms ("loglin-16"), computed identically in BPF (bpf/azprobe.bpf.h).
 
 Values are non-negative integers (µs). Values below 16 get one exact bucket each; above,
 every power-of-two octave is split into 16 linear sub-buckets, so a bucket's width is at

@@ -107,6 +107,10 @@ def printable(value: object, limit: int = 80) -> str:
     if text.isascii() and text.isprintable():
         return text
     return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)
+# Which collector made a window: "bpf" (the probe) or "sockdiag" (the sampling fallback).
+# Optional on the wire, "bpf" when absent; readers treat every source alike.
+DEFAULT_SOURCE = "bpf"
+MAX_SOURCE_LEN = 32
 
 
 class WindowError(ValueError):
@@ -174,6 +178,7 @@ class Window:
     paths: list[PathStats]
     lost_events: int = 0
     schema: int = SCHEMA_VERSION
+    source: str = DEFAULT_SOURCE
 
     def to_json(self) -> dict:
         return {
@@ -187,6 +192,7 @@ class Window:
             "util": {"cpu": self.util.cpu, "mem": self.util.mem},
             "paths": [p.to_json() for p in self.paths],
             "lost_events": self.lost_events,
+            "source": self.source,
         }
 
 
@@ -310,6 +316,7 @@ def parse_window(doc: object) -> Window:
         ),
         paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
         lost_events=_count(doc, "lost_events", ""),
+        source=_source(doc),
     ), paths_checked=True)
 
 
@@ -340,3 +347,10 @@ def _check_path(path: PathStats, prefix: str) -> None:
     _check_connect_relation(path.conn_attempts, path.conn_ok, path.conn_refused, path.conn_timeout, prefix)
     for name in HISTOGRAM_FIELDS:
         _check_buckets(getattr(path, name).counts, prefix + name)
+
+
+def _source(doc: Mapping) -> str:
+    value = doc.get("source", DEFAULT_SOURCE)
+    if not isinstance(value, str) or not value.isascii() or not value.isalnum() or len(value) > MAX_SOURCE_LEN:
+        raise WindowError(f"source: expected a collector name like \"bpf\", got {printable(value, 40)!r}")
+    return value

@@ -15,7 +15,7 @@ against index arrays).
 Compact layout (msgpack, every struct an array in this field order):
 
     page   = [node, az, boot_id, [window, ...]]
-    window = [schema, node, az, boot_id, seq, start, end, cpu, mem, lost_events, [path, ...]]
+    window = [schema, node, az, boot_id, seq, start, end, cpu, mem, lost_events, [path, ...], source]
     path   = [src, dst, conn_attempts, conn_ok, conn_refused, conn_timeout, syn_retrans,
               retrans, rto, rtt_us, connect_us]
     hist   = {lower bound µs: count, ...}   loglin-16 lower bounds, counts > 0
@@ -36,8 +36,10 @@ import msgspec
 
 from azprobe.contracts.sketch import MAX_VALUE_BITS, Histogram
 from azprobe.contracts.window import (
+    DEFAULT_SOURCE,
     MAX_COUNT,
     MAX_SEQ,
+    MAX_SOURCE_LEN,
     SCHEMA_VERSION,
     PathStats,
     Utilisation,
@@ -59,6 +61,7 @@ LowerBound = Annotated[int, msgspec.Meta(ge=0, le=1 << MAX_VALUE_BITS)]
 Buckets = dict[LowerBound, Count]
 Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Source = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SOURCE_LEN, pattern="^[A-Za-z0-9]+$")]
 
 
 class _Path(msgspec.Struct, array_like=True):
@@ -87,6 +90,7 @@ class _Window(msgspec.Struct, array_like=True):
     mem: Fraction
     lost_events: Count
     paths: list[_Path]
+    source: Source = DEFAULT_SOURCE  # trailing and optional: an older agent's windows omit it
 
 
 class _WindowHead(msgspec.Struct, array_like=True):
@@ -146,7 +150,7 @@ def _compact_window(w: Window) -> _Window:
                    w.lost_events,
                    [_Path(p.src, p.dst, p.conn_attempts, p.conn_ok, p.conn_refused, p.conn_timeout,
                           p.syn_retrans, p.retrans, p.rto, _buckets(p.rtt_us), _buckets(p.connect_us))
-                    for p in w.paths])
+                    for p in w.paths], w.source)
 
 
 def encode_compact_window(window: Window) -> bytes:
@@ -221,7 +225,8 @@ def _window_from_compact(raw: bytes | msgspec.Raw) -> Window:
                                syn_retrans=p.syn_retrans, retrans=p.retrans, rto=p.rto,
                                rtt_us=_hist(p.rtt_us), connect_us=_hist(p.connect_us)))
     return check_window(Window(node=c.node, az=c.az, boot_id=c.boot_id, seq=c.seq, start=c.start, end=c.end,
-                               util=Utilisation(c.cpu, c.mem), paths=paths, lost_events=c.lost_events))
+                               util=Utilisation(c.cpu, c.mem), paths=paths, lost_events=c.lost_events,
+                               source=c.source))
 
 
 def _compact_pending(raw: msgspec.Raw) -> PendingWindow:

@@ -64,7 +64,8 @@ def test_not_root_exits_1_naming_the_prerequisite():
         cfg.write_text(GOOD)
         cfg.chmod(0o644)
         res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *AZPROBE,
-                              "agent", "--config", str(cfg)], capture_output=True, text=True, timeout=30,
+                              "agent", "--config", str(cfg), "--collector", "bpf"], capture_output=True, text=True,
+                             timeout=30,
                              cwd=d, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert res.returncode == 1, res.stderr
     assert res.stderr.strip().splitlines() == [

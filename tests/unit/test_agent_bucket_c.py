@@ -1,4 +1,4 @@
-"""The BPF bucket arithmetic (bpf/azprobe.h) compiled natively must equal sketch.bucket_index."""
+"""The BPF bucket arithmetic (bpf/azprobe.bpf.h) compiled natively must equal sketch.bucket_index."""
 
 import random
 import shutil
@@ -14,7 +14,7 @@ PROGRAM = r"""
 #include <stdio.h>
 #include <stdint.h>
 typedef uint8_t u8; typedef uint16_t u16; typedef uint32_t u32; typedef uint64_t u64;
-#include "azprobe.h"
+#include "azprobe.bpf.h"
 int main(void) {
     unsigned long long v;
     while (scanf("%llu", &v) == 1) printf("%u\n", azp_bucket_index(v));

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Service overhead as users see it: how much slower is a service with azprobe loaded?
+
+nginx (Debian) serves a small response in a lab server namespace (az-b); wrk (Debian) in
+the az-a client namespace drives it, once with keep-alive connections and once with a new
+connection per request. Each mode runs PAIRS times with the agent loaded and not loaded,
+interleaved (off/on, then on/off, ...) so drift in a shared machine hits both sides alike.
+Per pair: requests/s ratio (on / off) and P99 latency ratio; reported as median with min
+and max. Then the agent's own CPU (% of one core) and RSS under the lab's traffic
+generators at about 20,000 segments/s plus 500 new connections/s.
+Goals: throughput ratio >= 0.99, P99 ratio <= 1.02, agent <= 2 % of a core and <= 160 MB.
+Prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
+from azprobe.dev.lab.netns import ns_argv  # noqa: E402
+from probe_overhead import free_port, log, wait_healthy  # noqa: E402  (bench/ is sys.path[0])
+
+PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
+RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
+LOAD_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
+SETTLE_S = 3.0
+NGINX_PORT = 8080
+# 3 clients x 3 targets: 56 new connections/s each = 500/s; 10 long-lived connections
+# each with a round trip every 9 ms ~ 10,000 round trips/s ~ 20,000 received segments/s.
+LOAD = TrafficSpec(rate=56.0, conns=10, interval_ms=9.0)
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {dir}; proxy_temp_path {dir}; fastcgi_temp_path {dir};
+  uwsgi_temp_path {dir}; scgi_temp_path {dir};
+  server {{
+    listen {addr}:{port} reuseport backlog=4096;
+    location / {{ return 200 "azprobe service_overhead\\n"; }}
+  }}
+}}
+"""
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_wrk(out: str) -> tuple[float, float]:
+    """(requests/s, P99 ms) from `wrk --latency` output."""
+    rps = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))
+    value, unit = re.search(r"^\s+99%\s+([0-9.]+)(us|ms|s)\s*$", out, re.MULTILINE).groups()
+    return rps, float(value) * UNITS[unit]
+
+
+class AgentProcess:
+    """`azprobe agent` as a process; with `ns`, inside that namespace (the sock_diag
+    collector sees the sockets of its own namespace), health-checked from inside it."""
+
+    def __init__(self, config: Path, collector: str = "auto", lab: Lab | None = None, ns: str | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config), "--collector", collector,
+                "--listen", f"127.0.0.1:{self.port}"]
+        self.proc = subprocess.Popen(ns_argv(ns, argv) if ns else argv,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            if ns and lab:
+                check = ["curl", "-sf", "-o", "/dev/null", f"{self.url}/healthz"]
+                deadline = time.monotonic() + 60
+                while lab.exec(ns, check, check=False).returncode != 0:
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        raise SystemExit(f"bench: agent in {ns} did not become healthy")
+                    time.sleep(0.2)
+            else:
+                wait_healthy(self.url, self.proc, timeout=60)
+        except SystemExit:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wrk(lab: Lab, url: str, keepalive: bool) -> tuple[float, float]:
+    argv = ["wrk", "-t1", "-c16", f"-d{RUN_S}s", "--latency", url]
+    if not keepalive:
+        argv[1:1] = ["-H", "Connection: close"]
+    return parse_wrk(lab.exec(lab.client_ns("az-a"), argv, timeout=RUN_S + 30).stdout)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
+
+
+def service_pairs(lab: Lab, config: Path, url: str) -> dict:
+    result = {}
+    for mode, keepalive in (("keepalive", True), ("new_connection", False)):
+        rps_ratio, p99_ratio, raw = [], [], []
+        for i in range(PAIRS):
+            runs = {}
+            for loaded in ((False, True) if i % 2 == 0 else (True, False)):
+                agent = AgentProcess(config) if loaded else None
+                # Both arms start after the same settle time: a loaded run otherwise
+                # starts seconds later (the agent's load) than an unloaded one, after the
+                # previous run's sockets and CPU load have had longer to drain.
+                time.sleep(SETTLE_S)
+                try:
+                    runs[loaded] = wrk(lab, url, keepalive)
+                finally:
+                    if agent:
+                        agent.stop()
+            rps_ratio.append(runs[True][0] / runs[False][0])
+            p99_ratio.append(runs[True][1] / runs[False][1])
+            raw.append({"off": runs[False], "on": runs[True]})
+            log(f"{mode} pair {i + 1}: off {runs[False]}, on {runs[True]}")
+        result[mode] = {"rps_ratio": spread(rps_ratio), "p99_ratio": spread(p99_ratio),
+                        "rps_off_median": round(statistics.median(r["off"][0] for r in raw), 1),
+                        "p99_ms_off_median": round(statistics.median(r["off"][1] for r in raw), 3)}
+    return result
+
+
+def agent_under_load(lab: Lab, config: Path, collector: str = "bpf", ns: str | None = None) -> dict:
+    lab.start_traffic(LOAD)
+    agent = AgentProcess(config, collector, lab, ns)
+    try:
+        proc = psutil.Process(agent.proc.pid)
+        time.sleep(3.0)  # a benchmark's fixed warm-up, not synchronisation
+        before = lab.traffic_stats()
+        t0, cpu0 = time.monotonic(), sum(proc.cpu_times()[:2])
+        segs0 = tcp_in_segs(lab)
+        time.sleep(LOAD_S)  # the measurement interval
+        t1, cpu1 = time.monotonic(), sum(proc.cpu_times()[:2])
+        segs1 = tcp_in_segs(lab)
+        after = lab.traffic_stats()
+        rss_mb = proc.memory_info().rss / 2**20
+    finally:
+        agent.stop()
+        lab.stop_traffic()
+    seconds = t1 - t0
+    new_conns = sum(t.get("ok", 0) for az in after.values() for t in az.values()) - \
+        sum(t.get("ok", 0) for az in before.values() for t in az.values())
+    return {"segments_in_per_s": round((segs1 - segs0) / seconds), "new_conns_per_s": round(new_conns / seconds),
+            "agent_cpu_pct": round(100.0 * (cpu1 - cpu0) / seconds, 2), "agent_rss_mb": round(rss_mb, 1)}
+
+
+def tcp_in_segs(lab: Lab) -> int:
+    """TCP segments received in every lab namespace (the kernel's own count)."""
+    return sum(lab.netstat(ns).get("TcpInSegs", 0) for ns in lab.namespaces if ns != lab.router_ns)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp, \
+            Lab.up(LabSpec(name=unique_lab_name("so"), state_dir=Path(tmp) / "lab", traffic=False)) as lab:
+        addr = lab.server_addr("az-b")
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=tmp, addr=addr, port=NGINX_PORT))
+        nginx = subprocess.Popen(ns_argv(lab.server_ns("az-b"), ["nginx", "-c", str(conf), "-g", "daemon off;"]),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            url = f"http://{addr}:{NGINX_PORT}/"
+            deadline = time.monotonic() + 15
+            while lab.exec(lab.client_ns("az-a"), ["wrk", "-t1", "-c1", "-d1s", url], check=False).returncode:
+                if time.monotonic() > deadline or nginx.poll() is not None:
+                    raise SystemExit(f"bench: nginx not serving: {nginx.stderr.read() if nginx.poll() else ''}")
+                time.sleep(0.2)
+            service = service_pairs(lab, lab.agent_config_path, url)
+            load = agent_under_load(lab, lab.agent_config_path)
+            # The fallback sees its own namespace's sockets: run it in az-a's client
+            # namespace (a third of the load's connections, all of their TIME_WAITs).
+            fallback = agent_under_load(lab, lab.agent_config_path, "sockdiag", lab.client_ns("az-a"))
+        finally:
+            nginx.terminate()
+            nginx.wait(timeout=10)
+    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "agent_under_load": load,
+              "sockdiag_agent_under_load": fallback}
+    ka, nc = service["keepalive"], service["new_connection"]
+    log(f"goals: rps ratio >= 0.99 (keepalive {ka['rps_ratio']['median']}, new conn {nc['rps_ratio']['median']}), "
+        f"P99 ratio <= 1.02 ({ka['p99_ratio']['median']}, {nc['p99_ratio']['median']}), agent <= 2 % "
+        f"({load['agent_cpu_pct']}) and <= 160 MB ({load['agent_rss_mb']})")
+    print(json.dumps(result, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
