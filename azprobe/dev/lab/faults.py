@@ -119,6 +119,11 @@ def _per_10000(pct: float) -> int:
     return int(round(pct * 100))
 
 
+def _sample(pct: float) -> str:
+    """nft match for `pct` % of packets (nothing at 100 %: numgen's range ends at 9999)."""
+    return "" if _per_10000(pct) >= 10000 else f"numgen random mod 10000 < {_per_10000(pct)} "
+
+
 def base_ruleset(plan: LabPlan) -> str:
     """The lab's table: observation counters per AZ and an empty fault chain per AZ."""
     t = plan.nft_table
@@ -157,9 +162,9 @@ def fault_rules(plan: LabPlan, zone: ZonePlan, fault: Fault | None, uplink: bool
         if fault.refuse:
             rule(f"{PURE_SYN} ", "refuse", "reject with tcp reset")
         if fault.syn_loss_pct:
-            rule(f"{PURE_SYN} numgen random mod 10000 < {_per_10000(fault.syn_loss_pct)} ", "syn_loss", "drop")
+            rule(f"{PURE_SYN} {_sample(fault.syn_loss_pct)}", "syn_loss", "drop")
         if fault.loss_pct:
-            rule(f"numgen random mod 10000 < {_per_10000(fault.loss_pct)} ", "loss", "drop")
+            rule(_sample(fault.loss_pct), "loss", "drop")
         if fault.delay_ms:
             rule("", "delay", "")
     return "\n".join(lines) + "\n"
