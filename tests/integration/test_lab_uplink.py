@@ -111,3 +111,18 @@ def test_cli_fault_from_and_the_one_direction_rule(clean):
     assert [n for n in status["azs"]["az-b"]["nodes"]] == [f"{lab.name}-cli-az-b", f"{lab.name}-cli-az-b-1"]
     assert run("clear", "--from", "az-b").returncode == 0
     assert lab.faults(uplink=True) == {}
+
+
+def test_set_faults_degrades_several_azs_together(clean):
+    from azprobe.dev.lab import Fault
+
+    lab = clean
+    baseline = {dst: _median_ms(lab, "az-b", dst, 1) for dst in lab.azs}
+    lab.set_faults({"az-a": Fault(delay_ms=DELAY_MS), "az-c": Fault(delay_ms=DELAY_MS)})
+    lines = lab.status()["delay_lines"]
+    assert set(lines) == {"az-a", "az-c"} and all(line["alive"] for line in lines.values())
+    for dst in ("az-a", "az-c"):
+        expected = baseline[dst] + DELAY_MS
+        assert abs(_median_ms(lab, "az-b", dst, 1) - expected) <= 0.1 * expected
+    assert _median_ms(lab, "az-b", "az-b", 1) < baseline["az-b"] + 5.0
+    assert set(lab.faults()) == {"az-a", "az-c"}

@@ -251,9 +251,9 @@ class LoopStack:
 
     # --- faults -------------------------------------------------------------------
     def apply(self, faults: tuple[FaultSpec, ...]) -> None:
-        for spec in faults:
-            for az in (self.azs if spec.az == ALL_AZS else [spec.az]):
-                self.lab.fault(az, **spec.fault.to_json(), uplink=spec.uplink)
+        for spec in faults:  # every AZ of one spec at once (Lab.set_faults)
+            azs = self.azs if spec.az == ALL_AZS else [spec.az]
+            self.lab.set_faults({az: spec.fault for az in azs}, uplink=spec.uplink)
 
     def clear(self) -> None:
         self.lab.clear()

@@ -34,6 +34,8 @@ Python API (stable; acceptance tests use it):
               blackhole=False, refuse=False, uplink=False) -> Fault
                                   replaces az's previous fault of that direction; uplink:
                                   on what az's client nodes send, toward every AZ
+    lab.set_faults({az: Fault(...)}, *, uplink=False) -> None   several AZs at once
+                                  (delay lines start in parallel, rules change together)
     lab.clear(az: str | None = None, *, uplink: bool | None = None) -> None   None: both
     lab.faults(uplink=False) -> dict[str, dict]            az -> current fault
     lab.delay_line_stats(az) -> dict | None   {"packets", "late_us_p50", "late_us_p99",

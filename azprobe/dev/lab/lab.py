@@ -260,22 +260,30 @@ class Lab:
               blackhole: bool = False, refuse: bool = False, uplink: bool = False) -> Fault:
         """Set the complete fault toward `az`'s servers, or (uplink) on everything `az`'s
         client nodes send to any AZ, replacing the previous fault of that direction."""
-        zone = self.zone(az)
         fault = Fault(delay_ms=delay_ms, loss_pct=loss_pct, syn_loss_pct=syn_loss_pct,
                       blackhole=blackhole, refuse=refuse)
+        self.set_faults({az: fault}, uplink=uplink)
+        return fault
+
+    def set_faults(self, faults: dict[str, Fault], *, uplink: bool = False) -> None:
+        """Set the faults of several AZs (one direction) at once: the delay lines start in
+        parallel first, then every AZ's rules change within one nft call and a few
+        iptables calls, so "every AZ degraded" never spends seconds as "one AZ degraded"."""
+        zones = [(self.zone(az), fault) for az, fault in faults.items()]
         with state.locked(self.state_dir):
             self._reload()
             # The queue rule goes only when its delay line is bound and ready (with
             # --queue-bypass a gap means undelayed packets, never lost ones).
-            nft.set_delay_queue(self.plan, zone, enabled=False, uplink=uplink)
-            self._stop_delay_line(zone, uplink)
-            nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, fault, uplink))
-            if fault.delay_ms:
-                self._start_delay_line(zone, fault.delay_ms, uplink)
-                nft.set_delay_queue(self.plan, zone, enabled=True, uplink=uplink)
-            self._doc[_faults_key(uplink)][az] = fault.to_json()
+            for zone, _ in zones:
+                nft.set_delay_queue(self.plan, zone, enabled=False, uplink=uplink)
+                self._stop_delay_line(zone, uplink)
+            self._start_delay_lines([(zone, f.delay_ms) for zone, f in zones if f.delay_ms], uplink)
+            nft.nft_apply(self.plan, "".join(nft.fault_rules(self.plan, zone, f, uplink) for zone, f in zones))
+            for zone, fault in zones:
+                if fault.delay_ms:
+                    nft.set_delay_queue(self.plan, zone, enabled=True, uplink=uplink)
+                self._doc[_faults_key(uplink)][zone.az] = fault.to_json()
             state.write_state(self.state_dir, self._doc)
-        return fault
 
     def clear(self, az: str | None = None, *, uplink: bool | None = None) -> None:
         """Remove the faults of one AZ, or of every AZ: both directions (uplink None), only
@@ -510,16 +518,20 @@ class Lab:
         self._kill_recorded([p["pid"] for p in victims])
         self._doc["processes"] = [p for p in self._doc["processes"] if p["role"] != role]
 
-    def _start_delay_line(self, zone: ZonePlan, delay_ms: float, uplink: bool = False) -> None:
-        key = _delay_line_key(zone, uplink)
-        queue = nft.queue_number(zone, uplink)
-        argv = netns.python_argv(DELAYLINE_MODULE, "--queue", str(queue), "--delay-ms", str(delay_ms),
-                                 "--stats-file", str(self._delay_stats_path(zone, uplink)))
-        log = self._log_path(f"delay-{key}", self.router_ns)
-        proc = spawn_in_ns(self.router_ns, argv, log)
-        wait_ready([proc], [log])
-        self._children[proc.pid] = proc
-        self._doc["delay_lines"][key] = {"pid": proc.pid, "queue": queue, "delay_ms": delay_ms}
+    def _start_delay_lines(self, lines: list[tuple[ZonePlan, float]], uplink: bool = False) -> None:
+        """Start one delay line per (zone, delay_ms), all at once; return when all are bound."""
+        procs, logs = [], []
+        for zone, delay_ms in lines:
+            argv = netns.python_argv(DELAYLINE_MODULE, "--queue", str(nft.queue_number(zone, uplink)),
+                                     "--delay-ms", str(delay_ms),
+                                     "--stats-file", str(self._delay_stats_path(zone, uplink)))
+            logs.append(self._log_path(f"delay-{_delay_line_key(zone, uplink)}", self.router_ns))
+            procs.append(spawn_in_ns(self.router_ns, argv, logs[-1]))
+        wait_ready(procs, logs)
+        for (zone, delay_ms), proc in zip(lines, procs):
+            self._children[proc.pid] = proc
+            self._doc["delay_lines"][_delay_line_key(zone, uplink)] = {
+                "pid": proc.pid, "queue": nft.queue_number(zone, uplink), "delay_ms": delay_ms}
 
     def _stop_delay_line(self, zone: ZonePlan, uplink: bool = False) -> None:
         line = self._doc["delay_lines"].pop(_delay_line_key(zone, uplink), None)

@@ -72,6 +72,14 @@ class Link:
     router_v6: ipaddress.IPv6Interface | None
     host_v6: ipaddress.IPv6Interface | None
 
+    @property
+    def host_ip4(self) -> str:
+        return str(self.host_v4.ip)
+
+    @property
+    def host_ip6(self) -> str | None:
+        return str(self.host_v6.ip) if self.host_v6 else None
+
 
 def validate_nodes_per_az(count: int) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NODES_PER_AZ:
@@ -96,11 +104,11 @@ class ClientNode:
 
     @property
     def v4(self) -> str:
-        return str(self.link.host_v4.ip)
+        return self.link.host_ip4
 
     @property
     def v6(self) -> str | None:
-        return str(self.link.host_v6.ip) if self.link.host_v6 else None
+        return self.link.host_ip6
 
     @property
     def addresses(self) -> list[str]:
@@ -140,19 +148,20 @@ class ZonePlan:
 
     @property
     def server_v4(self) -> str:
-        return str(self.server_link.host_v4.ip)
+        return self.server_link.host_ip4
 
     @property
     def server_v6(self) -> str | None:
-        return str(self.server_link.host_v6.ip) if self.server_link.host_v6 else None
+        return self.server_link.host_ip6
 
     @property
     def client_v4(self) -> str:
-        return str(self.client_link.host_v4.ip)
+        """The first client node's address (the only one in a one-node lab)."""
+        return self.clients[0].v4
 
     @property
     def client_v6(self) -> str | None:
-        return str(self.client_link.host_v6.ip) if self.client_link.host_v6 else None
+        return self.clients[0].v6
 
     @property
     def counter_prefix(self) -> str:
