@@ -76,7 +76,6 @@ def test_default_drill_drains_the_sick_zone_and_recovers(default_drill: DrillRes
     assert m.min_share_seen >= 1
 
 
-@NEEDS_QUORUM
 def test_healthy_zones_stay_level_while_the_sick_one_drains(default_drill: DrillResult) -> None:
     result = default_drill
     fault_start, fault_end = result.events[0].t, result.events[-1].t

@@ -119,6 +119,9 @@ def status_command(as_json: bool, name: str, state_dir: Path | None) -> None:
             click.echo("nft counters (packets toward each AZ's servers):")
             for az, counts in doc["counters"].items():
                 click.echo(f"  {az}: " + " ".join(f"{k}={v}" for k, v in counts.items()))
+            click.echo("nft counters (packets from each AZ's client nodes, its uplink):")
+            for az, counts in doc["uplink_counters"].items():
+                click.echo(f"  {az}: " + " ".join(f"{k}={v}" for k, v in counts.items()))
         click.echo("healthy" if doc["healthy"] else "UNHEALTHY: run `azprobe lab down` and `azprobe lab up`")
     if not doc["healthy"]:
         raise SystemExit(1)

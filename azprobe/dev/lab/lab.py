@@ -459,6 +459,7 @@ class Lab:
         doc["delay_lines"] = {az: {**d, "alive": netns.pid_alive(d["pid"])}
                               for az, d in self._doc["delay_lines"].items()}
         doc["counters"] = self.counters() if self.router_ns in present else None
+        doc["uplink_counters"] = self.counters(uplink=True) if self.router_ns in present else None
         doc["healthy"] = (all(doc["namespaces"].values())
                           and all(p["alive"] for p in doc["processes"])
                           and all(d["alive"] for d in doc["delay_lines"].values()))
