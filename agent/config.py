@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from azprobe.agentclient import read_token_file
+from azprobe import bpf
 from azprobe.config import Section, load_toml, parse_host_port, parse_topology
 from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, name_problem, printable
 from azprobe.errors import ConfigError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_LISTEN = "0.0.0.0:9740"
 # "auto": the BPF probe, or the sock_diag sampler where the probe cannot load.
 COLLECTORS = ("auto", "bpf", "sockdiag")
@@ -31,6 +33,32 @@ class AgentConfig:
     token_file: str = ""  # a bearer token every /v1/* request must carry (docs/scale.md)
     token: str = field(default="", repr=False)
     collector: str = "auto"
+    # This node's local addresses; empty: every socket the kernel sees is this node's.
+    addresses: tuple[IPAddress, ...] = ()
+
+
+def parse_node_addresses(section: Section, key: str = "addresses") -> tuple[IPAddress, ...]:
+    """`[node] addresses`: unicast IPv4/IPv6 addresses (not networks), at most
+    AZP_MAX_NODE_ADDRS of them; IPv4-mapped IPv6 counts as its IPv4 address."""
+    field = section.field(key)
+    limit = bpf.constant("MAX_NODE_ADDRS")
+    values = section.string_list(key)
+    if len(values) > limit:
+        raise ConfigError(field, f"{len(values)} addresses, at most {limit}", "list only this node's own addresses")
+    out: list[IPAddress] = []
+    for value in values:
+        try:
+            addr = ipaddress.ip_address(value.strip())
+        except ValueError:
+            raise ConfigError(field, f"{value!r:.60} is not an IP address",
+                              'list this node\'s own addresses, e.g. ["10.0.1.5", "fd00::5"]') from None
+        if addr.version == 6 and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        if addr.is_unspecified or addr.is_multicast:
+            raise ConfigError(field, f"{value!r} is not a unicast address", "list this node's own addresses")
+        if addr not in out:
+            out.append(addr)
+    return tuple(out)
 
 
 def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
@@ -41,6 +69,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     topology = parse_topology(root.section("topology"))
     name = node.string("name", socket.gethostname())
     az = node.string("az", required=True)
+    addresses = parse_node_addresses(node)
     node.reject_unknown()
     # The controller identifies an agent by these names (docs/quorum.md "Identity"): one
     # it would refuse is a config error here, not every window silently rejected there.
@@ -74,7 +103,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
                           f"use one of {', '.join(sorted(topology))}")
     return AgentConfig(node=name, az=az, listen=listen, interval_s=interval_s,
                        ring_size=ring_size, topology=topology, token_file=token_file, token=token,
-                       collector=collector)
+                       collector=collector, addresses=addresses)
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

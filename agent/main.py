@@ -21,7 +21,7 @@ import click
 
 from azprobe.agent.config import AgentConfig, load_agent_config
 from azprobe.agent.http import make_server, serve_in_background
-from azprobe.agent.lpm import AzRegistry, trie_entries
+from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.agent.probe import Probe, ProbeEvent
 from azprobe.agent.sockdiag import SockDiagCollector
 from azprobe.agent.util import UtilisationSampler
@@ -109,8 +109,9 @@ class Agent:
         serve_in_background(self._server)
         self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
         self._thread.start()
-        log.info("agent %s (az %s) serving on %s, boot_id %s", self.config.node, self.config.az,
-                 self.url, self.boot_id)
+        log.info("agent %s (az %s) serving on %s, boot_id %s, sockets of %s", self.config.node, self.config.az,
+                 self.url, self.boot_id,
+                 ", ".join(map(str, self.config.addresses)) if self.config.addresses else "every local address")
         if self.on_ready:
             self.on_ready()
 
@@ -140,6 +141,8 @@ class Agent:
     # -- topology ------------------------------------------------------------------
     def _apply(self, config: AgentConfig) -> None:
         ids = self.registry.assign(config.topology)
+        # Before the topology: set_topology forgets cached flows, also other nodes' ones.
+        self.probe.set_node_addresses([address_key(a) for a in config.addresses])
         self.probe.set_topology(trie_entries(config.topology, ids), ids[config.az])
         self.config = config
 

@@ -169,6 +169,26 @@ class Probe:
         """Events the ring buffer had no room for (counted by the program), since load."""
         return sum(cpu.ring_drops for cpu in self.bpf[b"probe_stats"][ctypes.c_int(0)])
 
+    def set_node_addresses(self, keys: list[bytes]) -> None:
+        """Keep only sockets whose local address is one of `keys` (16-byte trie form,
+        agent.lpm.address_key); none: every socket. The filter goes on only once the
+        addresses are in, and off before they go, so no window counts a half-set filter."""
+        addrs = self.bpf[b"node_addrs"]
+        flag = self.bpf[b"node_filter"]
+        wanted = set(keys)
+        if not wanted:
+            flag[ctypes.c_int(0)] = ctypes.c_uint32(0)
+        for key in wanted:
+            addrs[addrs.Key((ctypes.c_ubyte * 16)(*key))] = addrs.Leaf(1)
+        for key in list(addrs.keys()):
+            if bytes(key.addr) not in wanted:
+                try:
+                    del addrs[key]
+                except KeyError:
+                    pass
+        if wanted:
+            flag[ctypes.c_int(0)] = ctypes.c_uint32(1)
+
     def trie_size(self) -> int:
         return len(list(self.bpf[b"az_trie"].keys()))
 

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             from azprobe.dev.promserver import PrometheusServer
 
             prom = extra.enter_context(PrometheusServer(stack.work_dir / "prometheus",
-                                                        [stack.agent_url.removeprefix("http://")],
+                                                        [u.removeprefix("http://") for u in stack.agent_urls.values()],
                                                         scrape_interval_s=args.scrape_interval_s))
             prometheus_url = prom.url
         for run in range(1, args.runs + 1):

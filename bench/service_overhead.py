@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
-from probe_overhead import free_port, log, wait_healthy  # noqa: E402  (bench/ is sys.path[0])
+from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
+from probe_overhead import log, wait_healthy  # noqa: E402  (bench/ is sys.path[0])
 
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
 RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
@@ -72,13 +73,17 @@ class AgentProcess:
     collector sees the sockets of its own namespace), health-checked from inside it."""
 
     def __init__(self, config: Path, collector: str = "auto", lab: Lab | None = None, ns: str | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # Port 0: the agent binds a free port itself and reports it in the address file.
+        address_file = Path(tempfile.mkdtemp(prefix="azprobe-bench-")) / "agent.address"
         argv = [sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config), "--collector", collector,
-                "--listen", f"127.0.0.1:{self.port}"]
+                "--listen", "127.0.0.1:0", "--address-file", str(address_file)]
         self.proc = subprocess.Popen(ns_argv(ns, argv) if ns else argv,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
+            address = wait_for_address_file(address_file, alive=lambda: self.proc.poll() is None, timeout_s=60)
+            if address is None:
+                raise SystemExit(f"bench: agent reported no address (exit {self.proc.poll()})")
+            self.url = f"http://{format_host_port(*address)}"
             if ns and lab:
                 check = ["curl", "-sf", "-o", "/dev/null", f"{self.url}/healthz"]
                 deadline = time.monotonic() + 60

@@ -32,6 +32,34 @@ BPF_RINGBUF_OUTPUT(events, AZP_RINGBUF_PAGES);
 
 
 
+/* ---- node addresses (issue 9: one agent per node) ------------------------------------
+ * Which sockets belong to this node. The tracepoints are global: on a host with several
+ * network namespaces (the lab's client nodes) every agent's program sees every socket.
+ * node_addrs holds this node's local addresses (16-byte form, IPv4 as ::ffff:a.b.c.d),
+ * filled by the agent from `[node] addresses`; node_filter[0] != 0 turns the check on.
+ * Off (the default, `addresses` empty): every socket this kernel sees is the node's, as
+ * on a real host. The check runs where a socket is first attributed to a path (connect
+ * start, retransmit, RTO); the later handlers only find sockets that passed it
+ * (`connecting`, `flow_cache`). */
+struct azp_node_addr {
+    u8 addr[16];
+};
+BPF_HASH(node_addrs, struct azp_node_addr, u8, AZP_MAX_NODE_ADDRS);
+BPF_ARRAY(node_filter, u32, 1);
+
+/* True when the socket with local address `saddr16` belongs to this node. */
+static __always_inline int node_owns(const u8 *saddr16)
+{
+    u32 zero = 0;
+    u32 *on = node_filter.lookup(&zero);
+    if (!on || !*on)
+        return 1;
+    struct azp_node_addr key = {};
+    __builtin_memcpy(key.addr, saddr16, 16);
+    return node_addrs.lookup(&key) != NULL;
+}
+/* ---- end node addresses ------------------------------------------------------------ */
+
 /* Copied out of the context first: the verifier rejects loads through a ctx pointer an
  * inlined helper has offset. */
 struct addr_pair {
@@ -224,6 +252,8 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     COPY_ADDRS(addrs, args);
 
     if (newstate == AZP_TCP_SYN_SENT) {
+        if (!node_owns(addrs.saddr)) /* node addresses */
+            return 0;
         u32 path = path_of(&addrs);
         struct azp_connect_start start = {.ts_ns = bpf_ktime_get_ns(), .path = path};
         connecting.update(&sk, &start);
@@ -285,6 +315,8 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 #endif
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
+    if (!node_owns(addrs.saddr)) /* node addresses */
+        return 0;
     u32 path = path_of(&addrs);
     struct azp_path_counters *c = counters(path);
     if (!c)
@@ -310,10 +342,12 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
     }
     if (in_loss.lookup(&sk))
         return 0;
-    u8 one = 1;
-    in_loss.update(&sk, &one);
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
+    if (!node_owns(addrs.saddr)) /* node addresses */
+        return 0;
+    u8 one = 1;
+    in_loss.update(&sk, &one);
     u32 path = path_of(&addrs);
     struct azp_path_counters *c = counters(path);
     u8 kind = connecting.lookup(&sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;

@@ -18,6 +18,7 @@
 #define AZP_MAX_PATHS 256          /* AZP_MAX_AZ * AZP_MAX_AZ */
 #define AZP_MAX_HIST_ENTRIES 32768 /* sparse (path, kind, bucket) -> count */
 #define AZP_MAX_TRACKED_SOCKS 65536
+#define AZP_MAX_NODE_ADDRS 64      /* [node] addresses: this node's local addresses */
 /* Flows this node opened (local address, remote address, remote port), found by
  * tcp_probe without a hash-map lookup: a direct-mapped array. Few distinct endpoints
  * keep its lines hot in cache, unlike any per-socket table; and at 512 x 40 bytes the

@@ -1,20 +1,24 @@
-"""The closed loop, end to end: real lab, real BPF agent, devconsul, real controller
-subprocesses, scored from what Consul KV showed (azprobe.dev.demo.metrics).
+"""The closed loop, end to end: real lab, real BPF agents (one per client node, each
+counting only its node's sockets), devconsul, real controller subprocesses, scored from
+what Consul KV showed (azprobe.dev.demo.metrics).
 
-One lab + devconsul + agent serves all drills (module fixture); each drill starts its
+One lab + devconsul + agents serves all drills (module fixture); each drill starts its
 own controllers on a fresh KV prefix, so drills do not see each other's weights.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from azprobe.dev.demo.configs import LEADER_PROBE_FAILURES
 from azprobe.dev.demo.metrics import KvSample
-from azprobe.dev.demo.runner import LoopStack, run_drill
+from azprobe.dev.demo.runner import DrillResult, LoopStack, run_drill
 from azprobe.dev.demo.scenarios import get_scenario
+from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab, pytest.mark.kernel]
 
@@ -43,6 +47,22 @@ def _in_fault(samples: list[KvSample], start: float, end: float) -> list[KvSampl
     return [s for s in samples if start <= s.t <= end]
 
 
+@pytest.fixture(scope="module")
+def default_drill(stack: LoopStack) -> DrillResult:
+    return run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S)
+
+
+def test_every_client_node_is_a_vantage_point_of_its_own(stack: LoopStack) -> None:
+    nodes = stack.lab.nodes
+    assert len(nodes) == len(stack.agent_urls) == DEFAULT_NODES_PER_AZ * len(stack.azs)
+    assert DEFAULT_NODES_PER_AZ >= 3  # the controller's minimum quorum is 3 nodes
+    for node in nodes:
+        doc = json.loads(urllib.request.urlopen(f"{stack.agent_urls[node.name]}/v1/windows?after=0", timeout=5).read())
+        assert (doc["node"], doc["az"]) == (node.name, node.az)
+        # Only its own node's sockets: every path it reports starts in its own AZ.
+        assert {p["src"] for w in doc["windows"] for p in w["paths"] if p["dst"] != "other"} == {node.az}, node
+
+
 def _assert_drained_and_recovered(result) -> None:
     m = result.metrics
     context = f"figures: {result.to_json()}"
@@ -57,23 +77,49 @@ def _assert_drained_and_recovered(result) -> None:
     assert m.min_share_seen >= 1
 
 
-def test_default_drill_drains_the_sick_zone_and_recovers(stack: LoopStack) -> None:
-    result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S)
-    _assert_drained_and_recovered(result)
+def test_default_drill_drains_the_sick_zone_and_recovers(default_drill: DrillResult) -> None:
+    _assert_drained_and_recovered(default_drill)
 
 
 def test_default_drill_drains_the_sick_zone_through_prometheus(stack: LoopStack, tmp_path) -> None:
     """The same drill with the controllers reading the agent through a real Prometheus
-    server (1 s scrapes of the lab's agent) instead of pulling it: the Prometheus source
+    server (1 s scrapes of the lab's node agents) instead of pulling it: the Prometheus source
     end to end (docs/prometheus.md). The detection time is printed with the figures."""
     from azprobe.dev.promserver import PrometheusServer
     from tests.helpers import wait_for
 
-    with PrometheusServer(tmp_path / "prom", [stack.agent_url.removeprefix("http://")], scrape_interval_s=1.0) as prom:
+    with PrometheusServer(tmp_path / "prom", [u.removeprefix("http://") for u in stack.agent_urls.values()],
+                          scrape_interval_s=1.0) as prom:
         wait_for(prom.targets_up, timeout=30, interval=0.2, message="prometheus to scrape the lab's agent")
         result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S, prometheus_url=prom.url)
     print(f"prometheus source (1 s scrapes): figures: {result.to_json()}")
     _assert_drained_and_recovered(result)  # how fast: bench/loop.py --source prometheus
+
+
+def test_healthy_zones_stay_level_while_the_sick_one_drains(default_drill: DrillResult) -> None:
+    result = default_drill
+    fault_start, fault_end = result.events[0].t, result.events[-1].t
+    during = _in_fault(result.samples, fault_start, fault_end)
+    assert during, f"no KV document during the fault; figures: {result.to_json()}"
+    apart = [(round(s.t - fault_start, 1), s.shares) for s in during if abs(s.shares["az-a"] - s.shares["az-c"]) > 5]
+    assert not apart, f"healthy zones more than 5 points apart: {apart}"
+
+
+def test_a_sick_uplink_drains_nothing(stack: LoopStack) -> None:
+    """`lab fault --from az-b`: az-b's client nodes see every zone at +200 ms and 5 % loss;
+    the other AZs' nodes see every zone healthy. A sick source is no sick destination:
+    az-a and az-c keep their shares (within 5 points), and it is no panic."""
+    result = run_drill(stack, get_scenario("uplink"), fault_s=FAULT_S)
+    m = result.metrics
+    context = f"figures: {result.to_json()}"
+    fault_start, fault_end = result.events[0].t, result.events[-1].t
+    during = _in_fault(result.samples, fault_start, fault_end)
+    assert m.shares_before and during, context
+    for s in during:
+        for az in ("az-a", "az-c"):
+            assert abs(s.shares[az] - m.shares_before[az]) <= 5, (az, round(s.t - fault_start, 1), s.shares, context)
+    assert "panic" not in m.states_seen, context
+    assert result.checks()["recovered"], context
 
 
 def test_all_zones_degraded_is_panic_not_a_drain(stack: LoopStack) -> None:

@@ -101,14 +101,6 @@ def test_sockdiag_agent_sees_the_delay_on_az_b_only(lab, agent_ns):
         assert abs(measured[dst] - baseline[dst]) <= 5.0, (dst, measured, baseline)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_agent_falls_back_when_bcc_cannot_build(tmp_path):
     broken = tmp_path / "bpf"
     broken.mkdir()
@@ -118,7 +110,7 @@ def test_agent_falls_back_when_bcc_cannot_build(tmp_path):
                       '[topology]\naz-a = ["127.0.0.2/32"]\n')
     env = {"AZPROBE_TEST_BPF_DIR": str(broken), "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "-v", "agent", "--config", str(config),
-                             "--listen", f"127.0.0.1:{_free_port()}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             "--listen", "127.0.0.1:0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=env)
     lines: list[str] = []
     try:

@@ -48,3 +48,33 @@ def test_v4_maps_into_v6_and_ids_are_stable():
     assert [(e.prefixlen, e.addr.hex()) for e in entries] == [
         (120, "00000000000000000000ffffc6120100"), (64, "20010002000000000000000000000000")]
     assert address_key(ipaddress.ip_address("1.2.3.4")) == bytes(10) + b"\xff\xff\x01\x02\x03\x04"
+
+
+def test_node_addresses_default_empty_and_parsed():
+    assert parse_agent_config(GOOD).addresses == ()
+    doc = {**GOOD, "node": {**GOOD["node"], "addresses": ["198.18.1.130", "2001:2:0:11::2", "::ffff:198.18.1.130"]}}
+    cfg = parse_agent_config(doc)
+    assert cfg.addresses == (ipaddress.ip_address("198.18.1.130"), ipaddress.ip_address("2001:2:0:11::2"))
+
+
+@pytest.mark.parametrize("addresses", [["198.18.1.0/24"], ["not-an-ip"], ["0.0.0.0"], ["ff02::1"], "198.18.1.1",
+                                       [1], [f"10.0.0.{i}" for i in range(65)]])
+def test_bad_node_addresses_name_the_field(addresses):
+    with pytest.raises(ConfigError) as exc:
+        parse_agent_config({**GOOD, "node": {**GOOD["node"], "addresses": addresses}})
+    assert exc.value.field == "node.addresses" and exc.value.exit_code == 2
+    assert "\n" not in str(exc.value)
+
+
+def test_bad_node_addresses_exit_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    f = tmp_path / "a.toml"
+    f.write_text('[node]\naz = "az-a"\naddresses = ["198.18.1.999"]\n[topology]\naz-a = ["198.18.1.0/24"]\n')
+    proc = subprocess.run([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(f)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "azprobe: node.addresses: '198.18.1.999' is not an IP address "
+        "(list this node's own addresses, e.g. [\"10.0.1.5\", \"fd00::5\"])"]

@@ -112,3 +112,52 @@ def test_proc_net_counters_are_named_like_nstat():
             "Tcp: RtoAlgorithm RetransSegs\nTcp: 1 12\n")
     assert parse_proc_net_counters(text) == {"TcpExtSyncookiesSent": 0, "TcpExtTCPTimeouts": 7,
                                              "TcpRtoAlgorithm": 1, "TcpRetransSegs": 12}
+
+
+def test_client_nodes_have_their_own_addresses_inside_their_az():
+    plan = plan_lab("azp", 2, 3, ipv6=True, nodes_per_az=4)
+    nodes = plan.client_nodes
+    assert len(nodes) == 12 and plan.nodes_per_az == 4
+    assert [n.ns for n in plan.zone("az-b").clients] == ["azp-cli-az-b", "azp-cli-az-b-1", "azp-cli-az-b-2",
+                                                          "azp-cli-az-b-3"]
+    addresses = [a for n in nodes for a in n.addresses]
+    assert len(set(addresses)) == len(addresses) == 24
+    for n in nodes:
+        nets = [ipaddress.ip_network(c) for c in plan.zone(n.az).cidrs]
+        assert all(any(ipaddress.ip_address(a) in net for net in nets) for a in n.addresses), n
+        assert n.link.router_ifname.startswith(plan.zone(n.az).client_ifname_prefix)
+        assert len(n.link.router_ifname) <= 15
+    # node 0 keeps the addresses of a one-node lab
+    one = plan_lab("azp", 2, 3, ipv6=True)
+    assert plan.zone("az-a").clients[0].addresses == one.zone("az-a").clients[0].addresses
+    with pytest.raises(ConfigError) as err:
+        plan_lab("azp", 0, 3, False, nodes_per_az=17)
+    assert err.value.field == "nodes-per-az"
+    with pytest.raises(ConfigError, match="no client node 4"):
+        plan.node("az-a", 4)
+
+
+def test_node_agent_config_lists_the_nodes_addresses_and_a_port_of_its_own():
+    from azprobe.agent.config import parse_agent_config
+    from azprobe.dev.lab.agentconfig import render_node_agent_config
+
+    plans = [plan_lab("azp", i, 15, ipv6=True, nodes_per_az=16) for i in (0, 1, LAB_SLOTS - 1)]
+    ports = set()
+    for plan in plans:
+        for node in plan.client_nodes:
+            cfg = parse_agent_config(tomllib.loads(render_node_agent_config(plan, node)))
+            assert (cfg.node, cfg.az) == (node.name, node.az)
+            assert [str(a) for a in cfg.addresses] == node.addresses
+            ports.add(cfg.listen[1])
+    assert len(ports) == sum(len(p.client_nodes) for p in plans) and max(ports) < 65536
+
+
+def test_uplink_faults_match_every_client_link_of_the_az():
+    plan = plan_lab("azp", 0, 2, False, nodes_per_az=3)
+    text = base_ruleset(plan)
+    assert 'iifname "c-az-b*" jump to_from_az_b' in text and "counter from_az_b_loss" in text
+    # uplink chains come first: a packet both faults match meets its uplink's fault first
+    assert text.index("jump to_from_az_a") < text.index('oifname "s-az-a" jump to_az_a')
+    script = fault_rules(plan, plan.zone("az-b"), Fault(loss_pct=5, delay_ms=200), uplink=True)
+    assert script.splitlines()[0] == "flush chain inet azp fault_from_az_b"
+    assert 'counter name "from_az_b_loss" drop' in script

@@ -13,7 +13,7 @@ import click
 
 from azprobe.dev.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
 from azprobe.dev.demo import DEMO_LAB_NAME
-from azprobe.dev.lab.topology import validate_name
+from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ, MAX_NODES_PER_AZ, validate_name
 
 
 _DEMO_PID = os.getpid()
@@ -38,7 +38,10 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
               help="Length of the fault phase in seconds (default: per scenario, 20-40 s).")
 @click.option("--keep", is_flag=True, help="Leave the lab up and keep the logs and configs afterwards.")
 @click.option("--name", default=DEMO_LAB_NAME, show_default=True, help="Name of the demo's lab (prefixes its namespaces).")
-def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep: bool, name: str) -> None:
+@click.option("--nodes-per-az", type=click.IntRange(1, MAX_NODES_PER_AZ), default=DEFAULT_NODES_PER_AZ,
+              show_default=True, help="Client nodes per AZ, one agent each (the controller's quorum counts nodes).")
+def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep: bool, name: str,
+                 nodes_per_az: int) -> None:
     """The closed loop on this machine: lab, devconsul, agent, controller, a fault drill
     with a live view, recovery, teardown."""
     from azprobe.dev.demo.runner import run_demo
@@ -70,7 +73,8 @@ def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep:
     _DEMO_PID = os.getpid()
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        result = run_demo(scenario, fault_s=fault_s, keep=keep, tick=tick, progress=progress, lab_name=name)
+        result = run_demo(scenario, fault_s=fault_s, keep=keep, tick=tick, progress=progress, lab_name=name,
+                          nodes_per_az=nodes_per_az)
     finally:
         signal.signal(signal.SIGTERM, previous)
     doc = result.to_json()

@@ -1,9 +1,11 @@
 """Orchestration of the closed loop: lab, devconsul, agent, controllers, a fault drill.
 
 Two layers, so tests can share the expensive part:
-- `LoopStack` (context manager): lab up with traffic, devconsul and one agent on the
-  lab's config, both on loopback port 0 (each reports the port it bound). One agent sees every namespace (the tracepoints are global) and
-  attributes paths by address, so it stands in for a node in every AZ.
+- `LoopStack` (context manager): lab up with traffic and several client nodes per AZ,
+  devconsul, one agent per client node on that node's config (`[node] addresses`: each
+  counts only its own node's sockets, though the tracepoints are global), all on loopback
+  port 0 (each reports the port it bound), so the controller sees real vantage points and
+  its per-node quorum has nodes to count.
 - `run_drill(stack, scenario)`: fresh controllers on a fresh KV prefix, a blocking watch
   recording every generation, the scenario's fault timeline, recovery, figures.
 Everything started is stopped in `finally` blocks, also on Ctrl-C and errors; children
@@ -34,6 +36,7 @@ from azprobe.dev.demo.processes import ManagedProcess, azprobe_argv
 from azprobe.dev.demo.recorder import KvRecorder, LeaderRecorder
 from azprobe.dev.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
 from azprobe.dev.demo.view import ViewState, zone_rows
+from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ
 from azprobe.top import summarise
 from azprobe.errors import PrerequisiteError
 from azprobe.agentclient import WindowReader
@@ -53,6 +56,7 @@ DRAIN_DWELL_S = 0.5
 # controller still pulls every 1 s and merges a 3 s evaluation window.
 AGENT_INTERVAL_S = 0.5
 VIEW_WINDOWS = 3  # the live view merges the agent's last 3 windows (~3 s)
+SHARES_HELD_POINTS = 5  # a drill that should move nothing: no share falls more than this
 
 Tick = Callable[[ViewState], None]
 
@@ -74,7 +78,13 @@ class DrillResult:
     def checks(self) -> dict[str, bool]:
         """What the scenario promises, checked against the figures."""
         m = self.metrics
-        out = {"recovered": m.recover_s is not None}
+        if self.sick_azs:
+            out = {"recovered": m.recover_s is not None}
+        else:  # nothing was meant to move (an uplink fault): back to ok, every share held
+            out = {"recovered": bool(self.samples) and self.samples[-1].state == "ok",
+                   "shares_held": bool(m.shares_before) and all(
+                       m.min_share_during.get(az, 0) >= share - SHARES_HELD_POINTS
+                       for az, share in m.shares_before.items())}
         if self.expect_drain:
             out["drained"] = m.detect_s is not None
         if self.expect_panic:
@@ -89,7 +99,7 @@ class DrillResult:
 
 
 class AgentPoller:
-    """Pulls the agent's new windows for the live view (the controllers pull their own)."""
+    """Pulls one agent's new windows for the live view (the controllers pull their own)."""
 
     def __init__(self, url: str) -> None:
         self.reader = WindowReader(url, timeout_s=0.5)
@@ -109,21 +119,37 @@ class AgentPoller:
             log.debug("agent poll: %s", exc)
 
 
+class FleetPoller:
+    """Every node agent's recent windows together: the lab as all its nodes see it."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.pollers = [AgentPoller(url) for url in urls]
+
+    @property
+    def recent(self) -> list[Window]:
+        return [w for p in self.pollers for w in p.recent]
+
+    def poll(self) -> None:
+        for poller in self.pollers:
+            poller.poll()
+
+
 class LoopStack:
-    """Lab (with traffic), devconsul and one agent, up until close()."""
+    """Lab (with traffic), devconsul and one agent per client node, up until close()."""
 
     def __init__(self, *, work_dir: Path | None = None, azs: int = 3, lab_name: str = LAB_NAME,
-                 keep: bool = False) -> None:
+                 keep: bool = False, nodes_per_az: int = DEFAULT_NODES_PER_AZ) -> None:
         self.keep = keep
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="azprobe-demo-"))
         self.azs_requested = azs
+        self.nodes_per_az = nodes_per_az
         self.lab_name = lab_name
         self.lab: Any = None
         self.azs: list[str] = []
         self.devconsul: Any = None
-        self.agent: ManagedProcess | None = None
-        self.agent_url = ""
+        self.agents: dict[str, ManagedProcess] = {}  # node name -> its agent
+        self.agent_urls: dict[str, str] = {}  # node name -> its agent's base URL
         self._exit = ExitStack()
         self._owner_pid = os.getpid()
 
@@ -147,8 +173,8 @@ class LoopStack:
         self._lab_up()
         progress("devconsul")
         self._devconsul_up()
-        progress("agent (loading the BPF probe)")
-        self._agent_up()
+        progress(f"{self.nodes_per_az * len(self.azs)} agents, one per client node (loading the BPF probe)")
+        self._agents_up()
 
     def close(self) -> None:
         """Stop everything we started, in reverse order; never raises."""
@@ -169,7 +195,8 @@ class LoopStack:
         state_dir = self.work_dir / "lab"
         # Lab.up removes what it built when it fails part-way, so only a lab that came
         # up needs our teardown.
-        self.lab = Lab.up(LabSpec(name=self.lab_name, azs=self.azs_requested, state_dir=state_dir, traffic=True))
+        self.lab = Lab.up(LabSpec(name=self.lab_name, azs=self.azs_requested, nodes_per_az=self.nodes_per_az,
+                                  state_dir=state_dir, traffic=True))
         if not self.keep:
             self._exit.callback(self.lab.down)
         self.azs = list(self.lab.azs)
@@ -183,37 +210,51 @@ class LoopStack:
     def consul_url(self) -> str:
         return self.devconsul.url
 
-    def _agent_up(self) -> None:
-        lab_config = tomllib.loads(Path(self.lab.agent_config_path).read_text())
-        config = self.work_dir / "agent.toml"
-        config.write_text(agent_config_for_demo(lab_config, "127.0.0.1:0", interval_s=AGENT_INTERVAL_S))
-        address_file = self.work_dir / "agent.address"
-        address_file.unlink(missing_ok=True)
-        self.agent = ManagedProcess("agent", azprobe_argv("agent", "--config", str(config),
-                                                          "--address-file", str(address_file)),
-                                    self.work_dir / "agent.log")
-        self._exit.callback(self.agent.stop)  # before start(): an interrupt right after it is covered
-        self.agent.start()
-        deadline = time.monotonic() + 60
-        address = wait_for_address_file(address_file, alive=self.agent.alive, timeout_s=60)
-        if address is None:
-            self.agent.check_alive()
-            raise PrerequisiteError(f"the agent reported no listen address within 60 s; see {self.agent.log_path}")
-        self.agent_url = f"http://{format_host_port(*address)}"
-        poller = AgentPoller(self.agent_url)
-        # Ready = the probe is loaded and a window already shows lab traffic.
-        while not any(p.dst in self.azs and p.conn_attempts for w in poller.recent for p in w.paths):
-            self.agent.check_alive()
-            if time.monotonic() > deadline:
-                raise PrerequisiteError(f"the agent showed no lab traffic within 60 s; see {self.agent.log_path}")
-            poller.poll()
-            time.sleep(0.2)
+    def _agents_up(self) -> None:
+        """One agent per client node, all started at once (each compiles the BPF program),
+        on the node's own config from the lab, on port 0, with the demo's interval."""
+        configs = self.work_dir / "agents"
+        configs.mkdir(parents=True, exist_ok=True)
+        address_files: dict[str, Path] = {}
+        for node in self.lab.nodes:
+            node_config = tomllib.loads(Path(self.lab.node_agent_config_path(node)).read_text())
+            config = configs / f"{node.name}.toml"
+            config.write_text(agent_config_for_demo(node_config, "127.0.0.1:0", interval_s=AGENT_INTERVAL_S))
+            address_files[node.name] = configs / f"{node.name}.address"
+            address_files[node.name].unlink(missing_ok=True)
+            agent = ManagedProcess(f"agent {node.name}",
+                                   azprobe_argv("agent", "--config", str(config),
+                                                "--address-file", str(address_files[node.name])),
+                                   configs / f"{node.name}.log")
+            self._exit.callback(agent.stop)  # before start(): an interrupt right after it is covered
+            self.agents[node.name] = agent
+            agent.start()
+        deadline = time.monotonic() + 60 + 5 * len(self.agents)
+        for name, agent in self.agents.items():
+            address = wait_for_address_file(address_files[name], alive=agent.alive,
+                                            timeout_s=max(1.0, deadline - time.monotonic()))
+            if address is None:
+                agent.check_alive()
+                raise PrerequisiteError(f"agent of {name} reported no listen address in time; see {agent.log_path}")
+            self.agent_urls[name] = f"http://{format_host_port(*address)}"
+        # Ready = every probe is loaded and a window of every node already shows lab traffic.
+        for name, agent in self.agents.items():
+            poller = AgentPoller(self.agent_urls[name])
+            while not any(p.dst in self.azs and p.conn_attempts for w in poller.recent for p in w.paths):
+                agent.check_alive()
+                if time.monotonic() > deadline:
+                    raise PrerequisiteError(f"agent of {name} showed no lab traffic in time; see {agent.log_path}")
+                poller.poll()
+                time.sleep(0.2)
+
+    def fleet_poller(self) -> FleetPoller:
+        return FleetPoller(list(self.agent_urls.values()))
 
     # --- faults -------------------------------------------------------------------
     def apply(self, faults: tuple[FaultSpec, ...]) -> None:
-        for spec in faults:
-            for az in (self.azs if spec.az == ALL_AZS else [spec.az]):
-                self.lab.fault(az, **spec.fault.to_json())
+        for spec in faults:  # every AZ of one spec at once (Lab.set_faults)
+            azs = self.azs if spec.az == ALL_AZS else [spec.az]
+            self.lab.set_faults({az: spec.fault for az in azs}, uplink=spec.uplink)
 
     def clear(self) -> None:
         self.lab.clear()
@@ -238,8 +279,8 @@ class _Drill:
     def check_children(self) -> None:
         """A child that died on its own ends the drill with its last log lines: figures
         from a loop with a dead part would be meaningless."""
-        if self.stack.agent is not None:
-            self.stack.agent.check_alive()
+        for agent in self.stack.agents.values():
+            agent.check_alive()
         for name, proc in self.controllers.items():
             if name not in self.killed:
                 proc.check_alive()
@@ -273,7 +314,7 @@ def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: floa
         plan = ControllerPlan(name=f"ctl-{i}")  # loopback port 0: nothing here needs its address
         path = stack.work_dir / f"{drill.prefix.strip('/').replace('/', '-')}-{plan.name}.toml"
         path.write_text(controller_config(
-            plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=[stack.agent_url],
+            plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=list(stack.agent_urls.values()),
             lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
             heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s, prometheus_url=prometheus_url))
         proc = ManagedProcess(plan.name, azprobe_argv("controller", "--config", str(path)),
@@ -283,7 +324,7 @@ def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: floa
         proc.start()
 
 
-def _view_state(drill: _Drill, recorder: KvRecorder, poller: AgentPoller, phase: str, phase_t0: float,
+def _view_state(drill: _Drill, recorder: KvRecorder, poller: FleetPoller, phase: str, phase_t0: float,
                 metrics: DrillMetrics | None) -> ViewState:
     doc = recorder.latest
     state = ViewState(scenario=drill.scenario.name, description=drill.scenario.description, phase=phase,
@@ -310,7 +351,7 @@ def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = N
     sick = scenario.sick_azs(stack.azs)
     prefix = prefix or f"azprobe/demo-{uuid.uuid4().hex[:8]}/"
     drill = _Drill(stack, scenario, prefix)
-    poller = AgentPoller(stack.agent_url)
+    poller = stack.fleet_poller()
     ticker = _Ticker(tick)
 
     def current_metrics() -> DrillMetrics:
@@ -368,7 +409,7 @@ def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = N
             m = current_metrics()
             doc = recorder.latest
             killed = any(e.action == "kill-leader" for e in drill.events)
-            if (m.recover_s is not None and doc is not None and doc.state == "ok"
+            if ((m.recover_s is not None or not sick) and doc is not None and doc.state == "ok"
                     and (not killed or m.takeover_s is not None)):
                 break
             show("recovery", t0)
@@ -429,9 +470,10 @@ class _Ticker:
 
 
 def run_demo(scenario: Scenario, *, fault_s: float | None = None, keep: bool = False, tick: Tick | None = None,
-             progress: Callable[[str], None] = lambda msg: None, lab_name: str = LAB_NAME) -> DrillResult:
+             progress: Callable[[str], None] = lambda msg: None, lab_name: str = LAB_NAME,
+             nodes_per_az: int = DEFAULT_NODES_PER_AZ) -> DrillResult:
     """The whole demo: stack up, one drill, stack down (always)."""
-    stack = LoopStack(keep=keep, lab_name=lab_name)
+    stack = LoopStack(keep=keep, lab_name=lab_name, nodes_per_az=nodes_per_az)
     try:
         stack.start(progress)
         progress(f"drill {scenario.name}")

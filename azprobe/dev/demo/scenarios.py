@@ -23,13 +23,17 @@ ALL_AZS = "*"  # a FaultSpec.az meaning "every AZ of the lab"
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One fault of a drill: the lab's `Fault`, aimed at one AZ (or ALL_AZS)."""
+    """One fault of a drill: the lab's `Fault`, aimed at one AZ (or ALL_AZS); uplink: at
+    everything that AZ's client nodes send (`lab fault --from`), not traffic toward it."""
 
     az: str
     fault: Fault
+    uplink: bool = False
 
     def describe(self) -> str:
         target = "every AZ" if self.az == ALL_AZS else self.az
+        if self.uplink:
+            target = f"uplink of {target}"
         return f"{target}: {self.fault.describe()}"
 
 
@@ -60,10 +64,12 @@ class Scenario:
     default_fault_s: float = 20.0
 
     def sick_azs(self, lab_azs: list[str]) -> list[str]:
-        """The AZs this scenario hurts, resolved against the lab's AZ names."""
-        if any(f.az == ALL_AZS for f in self.faults):
+        """The AZs this scenario hurts as destinations, resolved against the lab's AZ
+        names (an uplink fault hurts what a source sends, no destination)."""
+        toward = [f for f in self.faults if not f.uplink]
+        if any(f.az == ALL_AZS for f in toward):
             return list(lab_azs)
-        return [f.az for f in self.faults if f.az in lab_azs]
+        return [f.az for f in toward if f.az in lab_azs]
 
     def timeline(self, fault_s: float) -> list[Step]:
         """Ordered steps for a fault phase of fault_s seconds; always ends with a clear."""
@@ -98,6 +104,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("all-zones", "every AZ degraded at once: panic mode spreads evenly, no drain",
                  (FaultSpec(ALL_AZS, Fault(delay_ms=200, loss_pct=5)),),
                  expect_drain=False, expect_panic=True),
+        Scenario("uplink", "az-b's uplink (all its clients send) gets +200 ms and 5 % loss: a sick "
+                 "source, no sick destination; nothing drains, no panic",
+                 (FaultSpec("az-b", Fault(delay_ms=200, loss_pct=5), uplink=True),), expect_drain=False),
         Scenario("flap", "az-b's fault toggles every 5 s: hysteresis, not oscillation",
                  (_DELAY_LOSS_B,), flap_period_s=5.0, default_fault_s=30.0, expect_drain=False),
         # The kill comes once the drain is in place; the fault outlasts the takeover, so

@@ -12,7 +12,9 @@ from azprobe.dev.lab.faults import Fault
 from azprobe.dev.lab.lab import Lab, LabSpec, teardown
 from azprobe.dev.lab.netns import require_root
 from azprobe.dev.lab.state import default_state_dir
-from azprobe.dev.lab.topology import DEFAULT_NAME, LAB_SLOTS, MAX_AZS, validate_name
+from azprobe.errors import ConfigError
+from azprobe.dev.lab.topology import (DEFAULT_NAME, DEFAULT_NODES_PER_AZ, LAB_SLOTS, MAX_AZS, MAX_NODES_PER_AZ,
+                                      validate_name)
 
 
 def _lab_options(func: Any) -> Any:
@@ -52,7 +54,14 @@ def _print_lab(info: dict[str, Any]) -> None:
                f"traffic: {'on' if info['traffic'] else 'off'}")
     for az, fault in info["faults"].items():
         click.echo(f"fault toward {az}: {Fault(**fault).describe()}")
-    click.echo(f"agent config: {info['agent_config']} (listen {info['agent_listen']})")
+    for az, fault in info.get("uplink_faults", {}).items():
+        click.echo(f"fault on {az}'s uplink (from its clients): {Fault(**fault).describe()}")
+    click.echo(f"agent config for the whole lab: {info['agent_config']} (listen {info['agent_listen']})")
+    click.echo(f"{info['nodes_per_az']} client node(s) per AZ, one agent config each "
+               "(run `azprobe agent --config FILE` per node):")
+    for z in info["azs"].values():
+        for node, n in z["nodes"].items():
+            click.echo(f"  {node}  {' '.join(n['addresses'])}  {n['agent_config']} (listen {n['agent_listen']})")
 
 
 @click.group("lab")
@@ -62,17 +71,19 @@ def lab_group() -> None:
 
 @lab_group.command("up")
 @click.option("--azs", type=click.IntRange(1, MAX_AZS), default=3, show_default=True, help="Number of AZs.")
+@click.option("--nodes-per-az", type=click.IntRange(1, MAX_NODES_PER_AZ), default=DEFAULT_NODES_PER_AZ,
+              show_default=True, help="Client nodes per AZ, each a namespace with its own addresses and agent config.")
 @click.option("--ipv6", is_flag=True, help="Also give every host an address in 2001:2::/48.")
 @click.option("--index", type=click.IntRange(0, LAB_SLOTS - 1), default=None,
               help="Address slot (a /20 of 198.18.0.0/15) [default: lowest free].")
 @click.option("--no-traffic", is_flag=True, help="Start servers only, no traffic generators.")
 @click.option("--json", "as_json", is_flag=True, help="Print the lab as JSON.")
 @_lab_options
-def up_command(azs: int, ipv6: bool, index: int | None, no_traffic: bool, as_json: bool, name: str,
-               state_dir: Path | None) -> None:
-    """Build the lab, start servers and traffic, write an agent config."""
-    spec = LabSpec(name=validate_name(name), azs=azs, ipv6=ipv6, state_dir=state_dir, index=index,
-                   traffic=not no_traffic)
+def up_command(azs: int, nodes_per_az: int, ipv6: bool, index: int | None, no_traffic: bool, as_json: bool,
+               name: str, state_dir: Path | None) -> None:
+    """Build the lab, start servers and traffic, write agent configs (one per client node)."""
+    spec = LabSpec(name=validate_name(name), azs=azs, nodes_per_az=nodes_per_az, ipv6=ipv6, state_dir=state_dir,
+                   index=index, traffic=not no_traffic)
     lab = Lab.up(spec)
     info = lab.info()
     _echo_json(info) if as_json else _print_lab(info)
@@ -108,13 +119,26 @@ def status_command(as_json: bool, name: str, state_dir: Path | None) -> None:
             click.echo("nft counters (packets toward each AZ's servers):")
             for az, counts in doc["counters"].items():
                 click.echo(f"  {az}: " + " ".join(f"{k}={v}" for k, v in counts.items()))
+            click.echo("nft counters (packets from each AZ's client nodes, its uplink):")
+            for az, counts in doc["uplink_counters"].items():
+                click.echo(f"  {az}: " + " ".join(f"{k}={v}" for k, v in counts.items()))
         click.echo("healthy" if doc["healthy"] else "UNHEALTHY: run `azprobe lab down` and `azprobe lab up`")
     if not doc["healthy"]:
         raise SystemExit(1)
 
 
+def _direction(az: str | None, from_az: str | None) -> tuple[str, bool]:
+    """(AZ, uplink) from exactly one of --az / --from."""
+    if (az is None) == (from_az is None):
+        raise ConfigError("az", "give exactly one of --az (traffic toward an AZ) and --from (an AZ's uplink)",
+                          "for example --az az-b or --from az-b")
+    return (from_az, True) if from_az is not None else (az, False)  # type: ignore[return-value]
+
+
 @lab_group.command("fault")
-@click.option("--az", required=True, help="Destination AZ whose servers get the fault.")
+@click.option("--az", default=None, help="Destination AZ: the fault hits traffic toward its servers.")
+@click.option("--from", "from_az", default=None,
+              help="Source AZ: the fault hits everything its client nodes send (its uplink), to every AZ.")
 @click.option("--delay-ms", type=click.FloatRange(0, 10_000), default=0.0, help="One-way delay toward the AZ.")
 @click.option("--loss-pct", type=click.FloatRange(0, 100), default=0.0, help="Drop this % of packets toward the AZ.")
 @click.option("--syn-loss-pct", type=click.FloatRange(0, 100), default=0.0,
@@ -122,23 +146,32 @@ def status_command(as_json: bool, name: str, state_dir: Path | None) -> None:
 @click.option("--blackhole", is_flag=True, help="Drop every packet toward the AZ (connects time out).")
 @click.option("--refuse", is_flag=True, help="Answer SYNs toward the AZ with a TCP reset (connection refused).")
 @_lab_options
-def fault_command(az: str, delay_ms: float, loss_pct: float, syn_loss_pct: float, blackhole: bool, refuse: bool,
-                  name: str, state_dir: Path | None) -> None:
-    """Set the fault toward one AZ (replaces its previous fault)."""
+def fault_command(az: str | None, from_az: str | None, delay_ms: float, loss_pct: float, syn_loss_pct: float,
+                  blackhole: bool, refuse: bool, name: str, state_dir: Path | None) -> None:
+    """Set the fault toward one AZ (--az) or on one AZ's uplink (--from); replaces the
+    previous fault of that AZ and direction."""
+    target, uplink = _direction(az, from_az)
     lab = _load(name, state_dir)
-    fault = lab.fault(az, delay_ms=delay_ms, loss_pct=loss_pct, syn_loss_pct=syn_loss_pct,
-                      blackhole=blackhole, refuse=refuse)
-    click.echo(f"lab {name}: toward {az}: {fault.describe()}")
+    fault = lab.fault(target, delay_ms=delay_ms, loss_pct=loss_pct, syn_loss_pct=syn_loss_pct,
+                      blackhole=blackhole, refuse=refuse, uplink=uplink)
+    where = f"from {target} (its uplink, toward every AZ)" if uplink else f"toward {target}"
+    click.echo(f"lab {name}: {where}: {fault.describe()}")
 
 
 @lab_group.command("clear")
-@click.option("--az", default=None, help="Only this AZ [default: every AZ].")
+@click.option("--az", default=None, help="Only the fault toward this AZ [default: every fault].")
+@click.option("--from", "from_az", default=None, help="Only the fault on this AZ's uplink.")
 @_lab_options
-def clear_command(az: str | None, name: str, state_dir: Path | None) -> None:
+def clear_command(az: str | None, from_az: str | None, name: str, state_dir: Path | None) -> None:
     """Remove faults."""
     lab = _load(name, state_dir)
-    lab.clear(az)
-    click.echo(f"lab {name}: cleared faults toward {az or 'every AZ'}")
+    if az is None and from_az is None:
+        lab.clear()
+        click.echo(f"lab {name}: cleared every fault")
+        return
+    target, uplink = _direction(az, from_az)
+    lab.clear(target, uplink=uplink)
+    click.echo(f"lab {name}: cleared the fault {'from' if uplink else 'toward'} {target}")
 
 
 from azprobe.dev.demo.cli import demo_command as loop_demo_command  # noqa: E402  the closed-loop demo replaces the lab-only one

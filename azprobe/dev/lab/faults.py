@@ -1,12 +1,18 @@
-"""Faults in the router's forward path, per destination AZ, with nftables.
+"""Faults in the router's forward path, per AZ, with nftables. Two directions:
 
-Faults act on packets leaving the router toward an AZ's *servers* (`oifname s-<az>`), so
-"delay 50 ms on az-b" moves only the paths that end in az-b: replies flowing back to
-az-b's client are untouched, and every path's RTT stays attributable.
+- toward an AZ (`lab fault --az az-b`): packets leaving the router toward the AZ's
+  *servers* (`oifname s-<az>`), so "delay 50 ms on az-b" moves only the paths that end in
+  az-b: replies flowing back to az-b's clients are untouched, and every path's RTT stays
+  attributable.
+- an AZ's uplink (`lab fault --from az-b`): packets the AZ's *client nodes* send, to every
+  destination (`iifname c-<az>*`, every client link of the AZ). Every path that starts in
+  az-b degrades, the other AZs' paths do not: a source-side fault that must not drain the
+  destinations (issue 9's quorum). Replies toward az-b's clients are untouched.
 
 Every rule counts into a named nft counter; those counters are the ground truth tests
 compare the probe against. Counters are cumulative since `lab up` (fault/clear never
-reset them), so take a delta around what you measure. Counter kinds per AZ:
+reset them), so take a delta around what you measure. Counter kinds per AZ and direction
+(uplink counters are named from_<az>_<kind>):
 
     packets    every packet forwarded toward the AZ's servers
     syns       pure SYNs (SYN without ACK) among them
@@ -18,10 +24,13 @@ reset them), so take a delta around what you measure. Counter kinds per AZ:
 
 Rule order in a fault chain: blackhole, refuse, syn_loss, loss, then a counter-only
 `delay` rule. The kernel here has xt_NFQUEUE but no nft_queue, so the queue itself is an
-iptables/ip6tables rule (`-o s-<az> -j NFQUEUE --queue-bypass`) in the router's FORWARD
-chain (table ip/ip6 filter, priority 0). The lab's table runs before it (priority -10):
-packets it drops are never queued, and every packet counted as `delay` reaches the
-queue. With --queue-bypass, packets pass undelayed if the delay line is gone.
+iptables/ip6tables rule (`-o s-<az>` or `-i c-<az>+` `-j NFQUEUE --queue-bypass`) in the
+router's FORWARD chain (table ip/ip6 filter, priority 0). The lab's table runs before it
+(priority -10): packets it drops are never queued, and every packet counted as `delay`
+reaches the queue. With --queue-bypass, packets pass undelayed if the delay line is gone.
+Uplink chains run before the toward chains, so a packet both faults match meets its
+uplink's loss first; a packet both delay lines would take is delayed once, by whichever
+queue rule was added first (delays do not add up).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ COUNTER_KINDS = ("packets", "syns", "blackhole", "refuse", "syn_loss", "loss", "
 PURE_SYN = "tcp flags & (syn | ack) == syn"
 MAX_DELAY_MS = 10_000.0
 QUEUE_BASE = 100  # NFQUEUE number of AZ k is QUEUE_BASE + k (queues are per namespace)
+UPLINK_QUEUE_BASE = 200  # ... and of AZ k's uplink, UPLINK_QUEUE_BASE + k
 
 
 @dataclass(frozen=True)
@@ -85,12 +95,23 @@ class Fault:
         return ", ".join(parts)
 
 
-def counter_name(zone: ZonePlan, kind: str) -> str:
-    return f"{zone.counter_prefix}_{kind}"
+def _prefix(zone: ZonePlan, uplink: bool) -> str:
+    """nft object names of one fault point: az_b (toward az-b) or from_az_b (az-b's uplink)."""
+    return f"from_{zone.counter_prefix}" if uplink else zone.counter_prefix
 
 
-def queue_number(zone: ZonePlan) -> int:
-    return QUEUE_BASE + zone.number
+def counter_name(zone: ZonePlan, kind: str, uplink: bool = False) -> str:
+    return f"{_prefix(zone, uplink)}_{kind}"
+
+
+def queue_number(zone: ZonePlan, uplink: bool = False) -> int:
+    return (UPLINK_QUEUE_BASE if uplink else QUEUE_BASE) + zone.number
+
+
+def _forward_match(zone: ZonePlan, uplink: bool) -> str:
+    if uplink:
+        return f'iifname "{zone.client_ifname_prefix}*"'
+    return f'oifname "{zone.server_link.router_ifname}"'
 
 
 def _per_10000(pct: float) -> int:
@@ -98,23 +119,29 @@ def _per_10000(pct: float) -> int:
     return int(round(pct * 100))
 
 
+def _sample(pct: float) -> str:
+    """nft match for `pct` % of packets (nothing at 100 %: numgen's range ends at 9999)."""
+    return "" if _per_10000(pct) >= 10000 else f"numgen random mod 10000 < {_per_10000(pct)} "
+
+
 def base_ruleset(plan: LabPlan) -> str:
     """The lab's table: observation counters per AZ and an empty fault chain per AZ."""
     t = plan.nft_table
+    points = [(zone, uplink) for uplink in (True, False) for zone in plan.zones]  # uplinks first
     lines = [f"table inet {t}", f"delete table inet {t}", f"table inet {t} {{"]
-    for zone in plan.zones:
+    for zone, uplink in points:
         for kind in COUNTER_KINDS:
-            lines.append(f"  counter {counter_name(zone, kind)} {{ }}")
+            lines.append(f"  counter {counter_name(zone, kind, uplink)} {{ }}")
     lines.append("  chain forward {")
     lines.append("    type filter hook forward priority -10; policy accept;")
-    for zone in plan.zones:
-        lines.append(f'    oifname "{zone.server_link.router_ifname}" jump to_{zone.counter_prefix}')
+    for zone, uplink in points:
+        lines.append(f"    {_forward_match(zone, uplink)} jump to_{_prefix(zone, uplink)}")
     lines.append("  }")
-    for zone in plan.zones:
-        p = zone.counter_prefix
+    for zone, uplink in points:
+        p = _prefix(zone, uplink)
         lines += [f"  chain to_{p} {{",
-                  f'    counter name "{counter_name(zone, "packets")}"',
-                  f'    {PURE_SYN} counter name "{counter_name(zone, "syns")}"',
+                  f'    counter name "{counter_name(zone, "packets", uplink)}"',
+                  f'    {PURE_SYN} counter name "{counter_name(zone, "syns", uplink)}"',
                   f"    jump fault_{p}",
                   "  }",
                   f"  chain fault_{p} {{ }}"]
@@ -122,21 +149,22 @@ def base_ruleset(plan: LabPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fault_rules(plan: LabPlan, zone: ZonePlan, fault: Fault | None) -> str:
-    """nft script that replaces the fault chain of `zone` (None: no fault)."""
-    chain = f"inet {plan.nft_table} fault_{zone.counter_prefix}"
+def fault_rules(plan: LabPlan, zone: ZonePlan, fault: Fault | None, uplink: bool = False) -> str:
+    """nft script that replaces the fault chain toward `zone` (uplink: of `zone`'s uplink);
+    None: no fault."""
+    chain = f"inet {plan.nft_table} fault_{_prefix(zone, uplink)}"
     lines = [f"flush chain {chain}"]
     if fault is not None:
         def rule(match: str, kind: str, verdict: str) -> None:
-            lines.append(f'add rule {chain} {match}counter name "{counter_name(zone, kind)}" {verdict}')
+            lines.append(f'add rule {chain} {match}counter name "{counter_name(zone, kind, uplink)}" {verdict}')
         if fault.blackhole:
             rule("", "blackhole", "drop")
         if fault.refuse:
             rule(f"{PURE_SYN} ", "refuse", "reject with tcp reset")
         if fault.syn_loss_pct:
-            rule(f"{PURE_SYN} numgen random mod 10000 < {_per_10000(fault.syn_loss_pct)} ", "syn_loss", "drop")
+            rule(f"{PURE_SYN} {_sample(fault.syn_loss_pct)}", "syn_loss", "drop")
         if fault.loss_pct:
-            rule(f"numgen random mod 10000 < {_per_10000(fault.loss_pct)} ", "loss", "drop")
+            rule(_sample(fault.loss_pct), "loss", "drop")
         if fault.delay_ms:
             rule("", "delay", "")
     return "\n".join(lines) + "\n"
@@ -146,29 +174,32 @@ def nft_apply(plan: LabPlan, script: str) -> None:
     run_in_ns(plan.router_ns, ["nft", "-f", "-"], input=script)
 
 
-def _queue_rule(zone: ZonePlan) -> list[str]:
-    return ["FORWARD", "-o", zone.server_link.router_ifname, "-j", "NFQUEUE",
-            "--queue-num", str(queue_number(zone)), "--queue-bypass"]
+def _queue_rule(zone: ZonePlan, uplink: bool = False) -> list[str]:
+    match = ["-i", f"{zone.client_ifname_prefix}+"] if uplink else ["-o", zone.server_link.router_ifname]
+    return ["FORWARD", *match, "-j", "NFQUEUE", "--queue-num", str(queue_number(zone, uplink)), "--queue-bypass"]
 
 
-def set_delay_queue(plan: LabPlan, zone: ZonePlan, enabled: bool) -> None:
-    """Add or remove the NFQUEUE rule(s) toward `zone`'s servers (idempotent)."""
+def set_delay_queue(plan: LabPlan, zone: ZonePlan, enabled: bool, uplink: bool = False) -> None:
+    """Add or remove the NFQUEUE rule(s) toward `zone`'s servers, or (uplink) from its
+    client nodes (idempotent)."""
+    rule = _queue_rule(zone, uplink)
     tools = ["iptables"] + (["ip6tables"] if plan.ipv6 else [])
     for tool in tools:
-        present = run_in_ns(plan.router_ns, [tool, "-w", "-C", *_queue_rule(zone)], check=False).returncode == 0
+        present = run_in_ns(plan.router_ns, [tool, "-w", "-C", *rule], check=False).returncode == 0
         if enabled and not present:
-            run_in_ns(plan.router_ns, [tool, "-w", "-A", *_queue_rule(zone)])
+            run_in_ns(plan.router_ns, [tool, "-w", "-A", *rule])
         elif not enabled and present:
-            run_in_ns(plan.router_ns, [tool, "-w", "-D", *_queue_rule(zone)])
+            run_in_ns(plan.router_ns, [tool, "-w", "-D", *rule])
 
 
-def read_counters(plan: LabPlan) -> dict[str, dict[str, int]]:
-    """AZ -> counter kind -> packets, read from the router namespace."""
+def read_counters(plan: LabPlan, uplink: bool = False) -> dict[str, dict[str, int]]:
+    """AZ -> counter kind -> packets toward the AZ's servers (uplink: from its client
+    nodes), read from the router namespace."""
     out = run_in_ns(plan.router_ns, ["nft", "-j", "list", "counters", "table", "inet", plan.nft_table]).stdout
     by_name: dict[str, int] = {}
     for item in json.loads(out).get("nftables", []):
         counter = item.get("counter")
         if counter:
             by_name[counter["name"]] = int(counter.get("packets", 0))
-    return {zone.az: {kind: by_name.get(counter_name(zone, kind), 0) for kind in COUNTER_KINDS}
+    return {zone.az: {kind: by_name.get(counter_name(zone, kind, uplink), 0) for kind in COUNTER_KINDS}
             for zone in plan.zones}

@@ -18,10 +18,11 @@ from typing import Any
 from azprobe.errors import ConfigError
 from azprobe.dev.lab import faults as nft
 from azprobe.dev.lab import netns, state
-from azprobe.dev.lab.agentconfig import agent_listen, render_agent_config
+from azprobe.dev.lab.agentconfig import agent_listen, node_agent_listen, render_agent_config, render_node_agent_config
 from azprobe.dev.lab.faults import Fault
 from azprobe.dev.lab.processes import spawn_in_ns, wait_ready
-from azprobe.dev.lab.topology import DEFAULT_NAME, DEFAULT_PORT, LabPlan, ZonePlan, az_names, plan_lab, validate_name
+from azprobe.dev.lab.topology import (DEFAULT_NAME, DEFAULT_PORT, ClientNode, LabPlan, ZonePlan, az_names, plan_lab,
+                                      validate_name, validate_nodes_per_az)
 
 SCHEMA = 1
 TRAFFIC_MODULE = "azprobe.dev.lab.traffic"
@@ -37,13 +38,13 @@ def unique_lab_name(prefix: str = "t") -> str:
 
 @dataclass(frozen=True)
 class TrafficSpec:
-    """Traffic generators, one per client namespace, toward every AZ's server.
+    """Traffic generators, one per client node, toward every AZ's server.
 
-    rate:        new connections per second per (client, target)
-    conns:       long-lived request/response connections per (client, target)
+    rate:        new connections per second per (client node, target)
+    conns:       long-lived request/response connections per (client node, target)
     interval_ms: pause between requests on a long-lived connection
     port:        server port to use (one of LabSpec.server_ports)
-    clients:     AZs whose client namespace runs a generator (None: all)
+    clients:     AZs whose client nodes run a generator (None: all)
     families:    (4,), (6,) or (4, 6); None: 4, plus 6 when the lab has IPv6
     connect_timeout_s: a new connection not up by then counts as "timeout"
     """
@@ -70,10 +71,13 @@ class TrafficSpec:
 @dataclass(frozen=True)
 class LabSpec:
     """What `Lab.up` builds. state_dir None: /run/azprobe-lab (name "azp") or
-    /run/azprobe-lab-<name>. index None: the lowest free address slot."""
+    /run/azprobe-lab-<name>. index None: the lowest free address slot. nodes_per_az:
+    client nodes (namespaces, each with its own addresses and agent config) per AZ; 1
+    here keeps tests' labs small, `lab up` and the demo default to DEFAULT_NODES_PER_AZ."""
 
     name: str = DEFAULT_NAME
     azs: int = 3
+    nodes_per_az: int = 1
     ipv6: bool = False
     state_dir: Path | None = None
     index: int | None = None
@@ -120,7 +124,7 @@ def teardown(name: str, state_dir: Path | None = None) -> list[str]:
         for child in (state.STATE_FILE, state.AGENT_CONFIG_FILE, ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 (sdir / child).unlink()
-        for sub in ("logs", "traffic"):
+        for sub in ("logs", "traffic", state.NODE_AGENT_CONFIG_DIR):
             shutil.rmtree(sdir / sub, ignore_errors=True)
         with contextlib.suppress(OSError):
             sdir.rmdir()  # only if empty: never delete what someone else put there
@@ -149,6 +153,7 @@ class Lab:
         netns.require_root()
         validate_name(spec.name)
         az_names(spec.azs)
+        validate_nodes_per_az(spec.nodes_per_az)
         for port in spec.server_ports:
             if not 1 <= port <= 65535:
                 raise ConfigError("server_ports", f"{port} is not a TCP port")
@@ -158,16 +163,18 @@ class Lab:
                               f"run `azprobe lab down --name {spec.name}` first, or pick another --name")
         index = state.claim_slot(spec.name, spec.index)
         try:
-            plan = plan_lab(spec.name, index, spec.azs, spec.ipv6)
+            plan = plan_lab(spec.name, index, spec.azs, spec.ipv6, spec.nodes_per_az)
             doc = {"schema": SCHEMA, "name": spec.name, "index": index, "azs": spec.azs, "ipv6": spec.ipv6,
+                   "nodes_per_az": spec.nodes_per_az,
                    "created_at": time.time(), "server_ports": list(spec.server_ports),
-                   "processes": [], "traffic": None, "faults": {}, "delay_lines": {}}
+                   "processes": [], "traffic": None, "faults": {}, "uplink_faults": {}, "delay_lines": {}}
             lab = cls(plan, state_dir, doc)
             with state.locked(state_dir):
                 netns.build(plan)
                 nft.nft_apply(plan, nft.base_ruleset(plan))
                 lab._start_servers()
                 lab.agent_config_path.write_text(render_agent_config(plan))
+                lab._write_node_agent_configs()
                 state.write_state(state_dir, lab._doc)
             if spec.traffic:
                 lab.start_traffic(spec.traffic if isinstance(spec.traffic, TrafficSpec) else TrafficSpec())
@@ -181,7 +188,8 @@ class Lab:
         """Attach to a lab that is up (for example one started by `azprobe lab up`)."""
         sdir = Path(state_dir)
         doc = state.read_state(sdir)
-        plan = plan_lab(doc["name"], doc["index"], doc["azs"], doc["ipv6"])
+        doc.setdefault("uplink_faults", {})
+        plan = plan_lab(doc["name"], doc["index"], doc["azs"], doc["ipv6"], doc.get("nodes_per_az", 1))
         return cls(plan, sdir, doc)
 
     def down(self) -> list[str]:
@@ -219,6 +227,15 @@ class Lab:
         """The plan of one AZ; unknown AZ -> ConfigError naming `az` and listing the AZs."""
         return self.plan.zone(az)
 
+    @property
+    def nodes(self) -> list[ClientNode]:
+        """Every client node (vantage point), AZ by AZ."""
+        return self.plan.client_nodes
+
+    def node_agent_config_path(self, node: ClientNode) -> Path:
+        """The agent config of one client node: its name, AZ and own addresses."""
+        return self.state_dir / state.NODE_AGENT_CONFIG_DIR / f"{node.ns}.toml"
+
     def client_ns(self, az: str) -> str:
         return self.zone(az).client_ns
 
@@ -240,57 +257,71 @@ class Lab:
     # ---- faults ----------------------------------------------------------------------
 
     def fault(self, az: str, *, delay_ms: float = 0.0, loss_pct: float = 0.0, syn_loss_pct: float = 0.0,
-              blackhole: bool = False, refuse: bool = False) -> Fault:
-        """Set the complete fault toward `az`'s servers (replacing any previous one)."""
-        zone = self.zone(az)
+              blackhole: bool = False, refuse: bool = False, uplink: bool = False) -> Fault:
+        """Set the complete fault toward `az`'s servers, or (uplink) on everything `az`'s
+        client nodes send to any AZ, replacing the previous fault of that direction."""
         fault = Fault(delay_ms=delay_ms, loss_pct=loss_pct, syn_loss_pct=syn_loss_pct,
                       blackhole=blackhole, refuse=refuse)
+        self.set_faults({az: fault}, uplink=uplink)
+        return fault
+
+    def set_faults(self, faults: dict[str, Fault], *, uplink: bool = False) -> None:
+        """Set the faults of several AZs (one direction) at once: the delay lines start in
+        parallel first, then every AZ's rules change within one nft call and a few
+        iptables calls, so "every AZ degraded" never spends seconds as "one AZ degraded"."""
+        zones = [(self.zone(az), fault) for az, fault in faults.items()]
         with state.locked(self.state_dir):
             self._reload()
             # The queue rule goes only when its delay line is bound and ready (with
             # --queue-bypass a gap means undelayed packets, never lost ones).
-            nft.set_delay_queue(self.plan, zone, enabled=False)
-            self._stop_delay_line(az)
-            nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, fault))
-            if fault.delay_ms:
-                self._start_delay_line(zone, fault.delay_ms)
-                nft.set_delay_queue(self.plan, zone, enabled=True)
-            self._doc["faults"][az] = fault.to_json()
+            for zone, _ in zones:
+                nft.set_delay_queue(self.plan, zone, enabled=False, uplink=uplink)
+                self._stop_delay_line(zone, uplink)
+            self._start_delay_lines([(zone, f.delay_ms) for zone, f in zones if f.delay_ms], uplink)
+            nft.nft_apply(self.plan, "".join(nft.fault_rules(self.plan, zone, f, uplink) for zone, f in zones))
+            for zone, fault in zones:
+                if fault.delay_ms:
+                    nft.set_delay_queue(self.plan, zone, enabled=True, uplink=uplink)
+                self._doc[_faults_key(uplink)][zone.az] = fault.to_json()
             state.write_state(self.state_dir, self._doc)
-        return fault
 
-    def clear(self, az: str | None = None) -> None:
-        """Remove the fault of one AZ, or of every AZ."""
+    def clear(self, az: str | None = None, *, uplink: bool | None = None) -> None:
+        """Remove the faults of one AZ, or of every AZ: both directions (uplink None), only
+        toward the AZ (False) or only its uplink (True)."""
         zones = [self.zone(az)] if az is not None else list(self.plan.zones)
+        directions = (False, True) if uplink is None else (uplink,)
         with state.locked(self.state_dir):
             self._reload()
             for zone in zones:
-                nft.set_delay_queue(self.plan, zone, enabled=False)
-                nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, None))
-                self._stop_delay_line(zone.az)
-                self._doc["faults"].pop(zone.az, None)
+                for up in directions:
+                    nft.set_delay_queue(self.plan, zone, enabled=False, uplink=up)
+                    nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, None, up))
+                    self._stop_delay_line(zone, up)
+                    self._doc[_faults_key(up)].pop(zone.az, None)
             state.write_state(self.state_dir, self._doc)
 
-    def delay_line_stats(self, az: str) -> dict[str, float | int] | None:
-        """The delay line's own accuracy toward `az`: {"packets", "late_us_p50",
-        "late_us_p99", "late_us_max"} (release time minus due time, last 10k packets),
-        refreshed every second; None if no delay line ever ran for az."""
-        self.zone(az)
+    def delay_line_stats(self, az: str, uplink: bool = False) -> dict[str, float | int] | None:
+        """The delay line's own accuracy toward `az` (uplink: on its uplink): {"packets",
+        "late_us_p50", "late_us_p99", "late_us_max"} (release time minus due time, last 10k
+        packets), refreshed every second; None if no such delay line ever ran."""
+        zone = self.zone(az)
         try:
-            return json.loads(self._delay_stats_path(az).read_text())
+            return json.loads(self._delay_stats_path(zone, uplink).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
-    def faults(self) -> dict[str, dict[str, Any]]:
+    def faults(self, uplink: bool = False) -> dict[str, dict[str, Any]]:
+        """AZ -> fault toward it (uplink: on its uplink)."""
         self._reload()
-        return dict(self._doc["faults"])
+        return dict(self._doc[_faults_key(uplink)])
 
-    def counters(self, az: str | None = None) -> dict[str, Any]:
-        """nft packet counters (cumulative since `up`). With az: {kind: packets} for that AZ
-        (kinds: packets, syns, blackhole, refuse, syn_loss, loss, delay); without: {az: {...}}."""
+    def counters(self, az: str | None = None, uplink: bool = False) -> dict[str, Any]:
+        """nft packet counters (cumulative since `up`) toward each AZ's servers (uplink:
+        from each AZ's client nodes). With az: {kind: packets} for that AZ (kinds: packets,
+        syns, blackhole, refuse, syn_loss, loss, delay); without: {az: {...}}."""
         if az is not None:
             self.zone(az)
-        counts = nft.read_counters(self.plan)
+        counts = nft.read_counters(self.plan, uplink)
         return counts[az] if az is not None else counts
 
     # ---- traffic ---------------------------------------------------------------------
@@ -317,14 +348,13 @@ class Lab:
                     targets.append(f"{zone.az}/ipv6={zone.server_v6}")
             (self.state_dir / "traffic").mkdir(parents=True, exist_ok=True)
             launches = []
-            for az in clients:
-                ns = self.client_ns(az)
+            for node in (n for az in clients for n in self.zone(az).clients):
                 argv = netns.python_argv(TRAFFIC_MODULE, "client", "--port", str(spec.port), "--rate", str(spec.rate),
                                          "--conns", str(spec.conns), "--interval-ms", str(spec.interval_ms),
                                          "--connect-timeout-s", str(spec.connect_timeout_s),
-                                         "--stats-file", str(self._traffic_stats_path(az)),
+                                         "--stats-file", str(self._traffic_stats_path(node)),
                                          *itertools.chain.from_iterable(("--target", t) for t in targets))
-                launches.append(("generator", az, ns, argv))
+                launches.append(("generator", node.az, node.ns, argv))
             self._launch(launches)
             self._doc["traffic"] = {**asdict(spec), "clients": clients, "families": list(families)}
             state.write_state(self.state_dir, self._doc)
@@ -337,14 +367,25 @@ class Lab:
             state.write_state(self.state_dir, self._doc)
 
     def traffic_stats(self) -> dict[str, dict[str, dict[str, int]]]:
-        """client AZ -> target ("az-b" or "az-b/ipv6") -> outcome counts of its generator:
-        ok, refused, timeout, reset, error (new connections), requests (long-lived
-        round trips), long_lived_up. Refreshed by the generators twice a second."""
+        """client AZ -> target ("az-b" or "az-b/ipv6") -> outcome counts of its generators
+        (summed over the AZ's client nodes): ok, refused, timeout, reset, error (new
+        connections), requests (long-lived round trips), long_lived_up. Refreshed by the
+        generators twice a second."""
+        result: dict[str, dict[str, dict[str, int]]] = {}
+        for node, targets in self.node_traffic_stats().items():
+            az_stats = result.setdefault(_node_az(self.plan, node), {})
+            for target, counts in targets.items():
+                sums = az_stats.setdefault(target, {})
+                for key, n in counts.items():
+                    sums[key] = sums.get(key, 0) + n
+        return result
+
+    def node_traffic_stats(self) -> dict[str, dict[str, dict[str, int]]]:
+        """client node name -> target -> outcome counts of that node's generator."""
         result = {}
-        for az in self.azs:
-            path = self._traffic_stats_path(az)
+        for node in self.nodes:
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                result[az] = json.loads(path.read_text())["targets"]
+                result[node.name] = json.loads(self._traffic_stats_path(node).read_text())["targets"]
         return result
 
     # ---- running things inside the lab -----------------------------------------------
@@ -362,14 +403,15 @@ class Lab:
         return netns.read_netstat(ns)
 
     def connect_probe(self, src_az: str, dst_az: str, *, count: int = 10, timeout_s: float = 1.0,
-                      ipv6: bool = False, port: int | None = None, interval_s: float = 0.0) -> ProbeResult:
-        """`count` sequential TCP connects from src_az's client to dst_az's server; each
-        connect() is timed on its own (an independent stopwatch for delay tests)."""
+                      ipv6: bool = False, port: int | None = None, interval_s: float = 0.0,
+                      node: int = 0) -> ProbeResult:
+        """`count` sequential TCP connects from client node `node` of src_az to dst_az's
+        server; each connect() is timed on its own (an independent stopwatch for delay tests)."""
         addr = self.server_addr(dst_az, ipv6=ipv6)
         argv = netns.python_argv(TRAFFIC_MODULE, "probe", "--addr", addr,
                                  "--port", str(port or self._doc["server_ports"][0]), "--count", str(count),
                                  "--timeout-s", str(timeout_s), "--interval-s", str(interval_s))
-        out = self.exec(self.client_ns(src_az), argv, timeout=count * (timeout_s + interval_s) + 30).stdout
+        out = self.exec(self.plan.node(src_az, node).ns, argv, timeout=count * (timeout_s + interval_s) + 30).stdout
         doc = json.loads(out)
         return ProbeResult(ok=doc["ok"], refused=doc["refused"], timeout=doc["timeout"], error=doc["error"],
                            connect_ms=list(doc["connect_ms"]))
@@ -394,12 +436,18 @@ class Lab:
             "nft_table": f"inet {self.plan.nft_table} (in {self.router_ns})",
             "cidr_v4": str(self.plan.cidr_v4),
             "server_ports": self._doc["server_ports"],
+            "nodes_per_az": self.plan.nodes_per_az,
             "azs": {z.az: {"cidrs": z.cidrs, "server_ns": z.server_ns, "client_ns": z.client_ns,
                            "servers": [a for a in (z.server_v4, z.server_v6) if a],
-                           "clients": [a for a in (z.client_v4, z.client_v6) if a]}
+                           "clients": [a for n in z.clients for a in n.addresses],
+                           "nodes": {n.name: {"addresses": n.addresses,
+                                              "agent_config": str(self.node_agent_config_path(n)),
+                                              "agent_listen": node_agent_listen(self.plan, n)}
+                                     for n in z.clients}}
                     for z in self.plan.zones},
             "traffic": self._doc["traffic"],
             "faults": self._doc["faults"],
+            "uplink_faults": self._doc["uplink_faults"],
         }
 
     def status(self) -> dict[str, Any]:
@@ -411,6 +459,7 @@ class Lab:
         doc["delay_lines"] = {az: {**d, "alive": netns.pid_alive(d["pid"])}
                               for az, d in self._doc["delay_lines"].items()}
         doc["counters"] = self.counters() if self.router_ns in present else None
+        doc["uplink_counters"] = self.counters(uplink=True) if self.router_ns in present else None
         doc["healthy"] = (all(doc["namespaces"].values())
                           and all(p["alive"] for p in doc["processes"])
                           and all(d["alive"] for d in doc["delay_lines"].values()))
@@ -427,11 +476,16 @@ class Lab:
             raise ConfigError("ns", f"{ns!r} is not a namespace of lab {self.name!r}",
                               f"choose one of: {', '.join(self.namespaces)}")
 
-    def _traffic_stats_path(self, az: str) -> Path:
-        return self.state_dir / "traffic" / f"{self.client_ns(az)}.json"
+    def _traffic_stats_path(self, node: ClientNode) -> Path:
+        return self.state_dir / "traffic" / f"{node.ns}.json"
 
-    def _delay_stats_path(self, az: str) -> Path:
-        return self.state_dir / "logs" / f"delay-{az}.json"
+    def _delay_stats_path(self, zone: ZonePlan, uplink: bool = False) -> Path:
+        return self.state_dir / "logs" / f"delay-{_delay_line_key(zone, uplink)}.json"
+
+    def _write_node_agent_configs(self) -> None:
+        (self.state_dir / state.NODE_AGENT_CONFIG_DIR).mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            self.node_agent_config_path(node).write_text(render_node_agent_config(self.plan, node))
 
     def _log_path(self, role: str, ns: str) -> Path:
         return self.state_dir / "logs" / f"{role}-{ns}.log"
@@ -465,17 +519,37 @@ class Lab:
         self._kill_recorded([p["pid"] for p in victims])
         self._doc["processes"] = [p for p in self._doc["processes"] if p["role"] != role]
 
-    def _start_delay_line(self, zone: ZonePlan, delay_ms: float) -> None:
-        argv = netns.python_argv(DELAYLINE_MODULE, "--queue", str(nft.queue_number(zone)),
-                                 "--delay-ms", str(delay_ms), "--stats-file", str(self._delay_stats_path(zone.az)))
-        log = self._log_path(f"delay-{zone.az}", self.router_ns)
-        proc = spawn_in_ns(self.router_ns, argv, log)
-        wait_ready([proc], [log])
-        self._children[proc.pid] = proc
-        self._doc["delay_lines"][zone.az] = {"pid": proc.pid, "queue": nft.queue_number(zone), "delay_ms": delay_ms}
+    def _start_delay_lines(self, lines: list[tuple[ZonePlan, float]], uplink: bool = False) -> None:
+        """Start one delay line per (zone, delay_ms), all at once; return when all are bound."""
+        procs, logs = [], []
+        for zone, delay_ms in lines:
+            argv = netns.python_argv(DELAYLINE_MODULE, "--queue", str(nft.queue_number(zone, uplink)),
+                                     "--delay-ms", str(delay_ms),
+                                     "--stats-file", str(self._delay_stats_path(zone, uplink)))
+            logs.append(self._log_path(f"delay-{_delay_line_key(zone, uplink)}", self.router_ns))
+            procs.append(spawn_in_ns(self.router_ns, argv, logs[-1]))
+        wait_ready(procs, logs)
+        for (zone, delay_ms), proc in zip(lines, procs):
+            self._children[proc.pid] = proc
+            self._doc["delay_lines"][_delay_line_key(zone, uplink)] = {
+                "pid": proc.pid, "queue": nft.queue_number(zone, uplink), "delay_ms": delay_ms}
 
-    def _stop_delay_line(self, az: str) -> None:
-        line = self._doc["delay_lines"].pop(az, None)
+    def _stop_delay_line(self, zone: ZonePlan, uplink: bool = False) -> None:
+        line = self._doc["delay_lines"].pop(_delay_line_key(zone, uplink), None)
         if line is not None:
             self._kill_recorded([line["pid"]], self.router_ns)
 
+
+
+def _faults_key(uplink: bool) -> str:
+    """Where the state file keeps the faults of one direction."""
+    return "uplink_faults" if uplink else "faults"
+
+
+def _delay_line_key(zone: ZonePlan, uplink: bool) -> str:
+    """A delay line's name in the state file and its log: az-b, or from-az-b for the uplink."""
+    return f"from-{zone.az}" if uplink else zone.az
+
+
+def _node_az(plan: LabPlan, name: str) -> str:
+    return next(n.az for n in plan.client_nodes if n.name == name)

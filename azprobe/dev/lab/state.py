@@ -21,6 +21,7 @@ from azprobe.dev.lab.topology import DEFAULT_NAME, LAB_SLOTS
 
 STATE_FILE = "state.json"
 AGENT_CONFIG_FILE = "agent.toml"
+NODE_AGENT_CONFIG_DIR = "agents"  # one <client node>.toml per node
 CLAIM_DIR = Path("/run/azprobe-lab-slots")
 NETNS_DIR = Path("/run/netns")
 # A claim whose lab has no router namespace yet may belong to a `lab up` in progress.

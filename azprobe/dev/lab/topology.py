@@ -9,11 +9,16 @@ Inside the /20, AZ number k (0-based) owns the /24 number k+1:
 
     198.18.0.0/15 + index*4096 + (k+1)*256
       .0/25    server link: router .1, server .2      (namespace <name>-srv-<az>)
-      .128/25  client link: router .129, client .130  (namespace <name>-cli-<az>)
+      .128/25  client nodes, one /30 link each: node i has router .128+4i+1, client
+               .128+4i+2 (namespace <name>-cli-<az> for node 0, <name>-cli-<az>-<i> after)
 
 IPv6, AZ k of lab `index` owns the /60 2001:2:0:GGG0::/60 with GGG = index<<4 | (k+1):
       ...:GGG0::/64 server link (router ::1, server ::2)
-      ...:GGG1::/64 client link (router ::1, client ::2)
+      ...:GGG1::/64 client nodes, one /120 each: node i has router ::i01, client ::i02 (hex)
+
+Node 0 keeps the addresses a one-node lab always had (.130, ::2). Every client node is a
+namespace of its own with its own addresses, so one agent per node can count only its
+node's sockets (`[node] addresses`): the lab's vantage points.
 
 So a client of AZ X and the servers of AZ X are both inside X's CIDRs, which is what the
 agent's topology needs: every path the probe sees is (client AZ -> server AZ).
@@ -31,6 +36,11 @@ V4_SPACE = ipaddress.IPv4Network("198.18.0.0/15")
 V6_SPACE = ipaddress.IPv6Network("2001:2::/48")
 LAB_SLOTS = 32  # /20s in the /15
 MAX_AZS = 15  # /24s left in a /20 after the reserved first one
+MAX_NODES_PER_AZ = 16  # /30 client links in the /25; the BCC agents, not addresses, are the real limit
+# `lab up` and the demo: enough vantage points for the controller's production quorum
+# (>= max(3, 30 %) of the reporting nodes, over >= 2 source AZs) with one AZ's uplink
+# sick; small enough for one agent + one generator per node on a 2-core box (docs/lab.md).
+DEFAULT_NODES_PER_AZ = 3
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 DEFAULT_NAME = "azp"
 DEFAULT_PORT = 7000
@@ -62,19 +72,75 @@ class Link:
     router_v6: ipaddress.IPv6Interface | None
     host_v6: ipaddress.IPv6Interface | None
 
+    @property
+    def host_ip4(self) -> str:
+        return str(self.host_v4.ip)
+
+    @property
+    def host_ip6(self) -> str | None:
+        return str(self.host_v6.ip) if self.host_v6 else None
+
+
+def validate_nodes_per_az(count: int) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NODES_PER_AZ:
+        raise ConfigError("nodes-per-az", f"{count!r} is not a number of client nodes in 1..{MAX_NODES_PER_AZ}",
+                          "for example --nodes-per-az 3")
+    return count
+
+
+@dataclass(frozen=True)
+class ClientNode:
+    """One client node of an AZ: a namespace with its own link (and addresses) to the router."""
+
+    az: str
+    number: int  # 0-based within its AZ
+    ns: str
+    link: Link
+
+    @property
+    def name(self) -> str:
+        """The node's name (its agent's `[node] name`): its namespace's name."""
+        return self.ns
+
+    @property
+    def v4(self) -> str:
+        return self.link.host_ip4
+
+    @property
+    def v6(self) -> str | None:
+        return self.link.host_ip6
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.v4] + ([self.v6] if self.v6 else [])
+
 
 @dataclass(frozen=True)
 class ZonePlan:
-    """One AZ: its CIDRs, its server namespace and its client namespace."""
+    """One AZ: its CIDRs, its server namespace and its client nodes."""
 
     az: str
     number: int  # 0-based position, also the delay line's NFQUEUE number minus 1
     cidr_v4: ipaddress.IPv4Network
     cidr_v6: ipaddress.IPv6Network | None
     server_ns: str
-    client_ns: str
     server_link: Link
-    client_link: Link
+    clients: tuple[ClientNode, ...]
+
+    @property
+    def client_ns(self) -> str:
+        """The first client node's namespace (the only one in a one-node lab)."""
+        return self.clients[0].ns
+
+    @property
+    def client_link(self) -> Link:
+        return self.clients[0].link
+
+    @property
+    def client_ifname_prefix(self) -> str:
+        """Router-side names of this AZ's client links all start with this (c-az-b, c-az-b-1, ...):
+        the AZ's uplink, as nft (`c-az-b*`) and iptables (`c-az-b+`) wildcards see it."""
+        return f"c-{self.az}"
 
     @property
     def cidrs(self) -> list[str]:
@@ -82,19 +148,20 @@ class ZonePlan:
 
     @property
     def server_v4(self) -> str:
-        return str(self.server_link.host_v4.ip)
+        return self.server_link.host_ip4
 
     @property
     def server_v6(self) -> str | None:
-        return str(self.server_link.host_v6.ip) if self.server_link.host_v6 else None
+        return self.server_link.host_ip6
 
     @property
     def client_v4(self) -> str:
-        return str(self.client_link.host_v4.ip)
+        """The first client node's address (the only one in a one-node lab)."""
+        return self.clients[0].v4
 
     @property
     def client_v6(self) -> str | None:
-        return str(self.client_link.host_v6.ip) if self.client_link.host_v6 else None
+        return self.clients[0].v6
 
     @property
     def counter_prefix(self) -> str:
@@ -119,7 +186,23 @@ class LabPlan:
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.router_ns] + [z.server_ns for z in self.zones] + [z.client_ns for z in self.zones]
+        return [self.router_ns] + [z.server_ns for z in self.zones] + [n.ns for n in self.client_nodes]
+
+    @property
+    def client_nodes(self) -> list[ClientNode]:
+        """Every client node, AZ by AZ."""
+        return [n for z in self.zones for n in z.clients]
+
+    @property
+    def nodes_per_az(self) -> int:
+        return len(self.zones[0].clients)
+
+    def node(self, az: str, number: int = 0) -> ClientNode:
+        """Client node `number` (0-based) of `az`."""
+        clients = self.zone(az).clients
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(clients):
+            raise ConfigError("node", f"{az} has no client node {number!r}", f"use 0..{len(clients) - 1}")
+        return clients[number]
 
     @property
     def azs(self) -> list[str]:
@@ -154,14 +237,27 @@ def _link(router_ifname: str, net4: ipaddress.IPv4Network, net6: ipaddress.IPv6N
     h4 = ipaddress.IPv4Interface((int(net4.network_address) + 2, net4.prefixlen))
     r6 = h6 = None
     if net6 is not None:
-        r6 = ipaddress.IPv6Interface((int(net6.network_address) + 1, 64))
-        h6 = ipaddress.IPv6Interface((int(net6.network_address) + 2, 64))
+        r6 = ipaddress.IPv6Interface((int(net6.network_address) + 1, net6.prefixlen))
+        h6 = ipaddress.IPv6Interface((int(net6.network_address) + 2, net6.prefixlen))
     return Link(router_ifname, "eth0", r4, h4, r6, h6)
 
 
-def plan_lab(name: str, index: int, azs: int, ipv6: bool) -> LabPlan:
+def _client_nodes(name: str, az: str, client4: ipaddress.IPv4Network, client6: ipaddress.IPv6Network | None,
+                  count: int) -> tuple[ClientNode, ...]:
+    nodes = []
+    for i in range(count):
+        net4 = ipaddress.IPv4Network((int(client4.network_address) + 4 * i, 30))
+        net6 = ipaddress.IPv6Network((int(client6.network_address) + 256 * i, 120)) if client6 else None
+        suffix = f"-{i}" if i else ""
+        nodes.append(ClientNode(az=az, number=i, ns=f"{name}-cli-{az}{suffix}",
+                                link=_link(f"c-{az}{suffix}", net4, net6)))
+    return tuple(nodes)
+
+
+def plan_lab(name: str, index: int, azs: int, ipv6: bool, nodes_per_az: int = 1) -> LabPlan:
     """The complete address and naming plan of one lab."""
     validate_name(name)
+    validate_nodes_per_az(nodes_per_az)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < LAB_SLOTS:
         raise ConfigError("index", f"{index!r} is outside 0..{LAB_SLOTS - 1}", "leave it unset to pick a free one")
     block = lab_v4_block(index)
@@ -176,8 +272,7 @@ def plan_lab(name: str, index: int, azs: int, ipv6: bool) -> LabPlan:
             server6, client6 = _v6_net(group, 64), _v6_net(group | 1, 64)
         zones.append(ZonePlan(
             az=az, number=k, cidr_v4=cidr4, cidr_v6=cidr6,
-            server_ns=f"{name}-srv-{az}", client_ns=f"{name}-cli-{az}",
-            server_link=_link(f"s-{az}", server4, server6),
-            client_link=_link(f"c-{az}", client4, client6),
+            server_ns=f"{name}-srv-{az}", server_link=_link(f"s-{az}", server4, server6),
+            clients=_client_nodes(name, az, client4, client6, nodes_per_az),
         ))
     return LabPlan(name=name, index=index, ipv6=ipv6, zones=tuple(zones))
