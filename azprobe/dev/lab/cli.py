@@ -48,7 +48,8 @@ def _print_lab(info: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    click.echo(f"servers listen on TCP {', '.join(map(str, info['server_ports']))}; "
+    click.echo(f"servers listen on TCP {', '.join(map(str, info['server_ports']))} (echo) and "
+               f"{info.get('http_port', '-')} (HTTP/1.1, `x-az` names the AZ); "
                f"traffic: {'on' if info['traffic'] else 'off'}")
     for az, fault in info["faults"].items():
         click.echo(f"fault toward {az}: {Fault(**fault).describe()}")

@@ -34,6 +34,7 @@ MAX_AZS = 15  # /24s left in a /20 after the reserved first one
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 DEFAULT_NAME = "azp"
 DEFAULT_PORT = 7000
+HTTP_PORT = 8080  # every AZ's HTTP/1.1 server (azprobe.dev.lab.http), for Envoy and the drill
 
 
 def validate_name(name: str) -> str:
