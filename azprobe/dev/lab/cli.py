@@ -144,3 +144,6 @@ def clear_command(az: str | None, name: str, state_dir: Path | None) -> None:
 
 from azprobe.dev.demo.cli import demo_command as loop_demo_command  # noqa: E402  the closed-loop demo replaces the lab-only one
 lab_group.add_command(loop_demo_command, "demo")
+
+from azprobe.dev.drill.cli import drill_command  # noqa: E402  the drill on user traffic through Envoy
+lab_group.add_command(drill_command, "drill")
