@@ -147,3 +147,6 @@ lab_group.add_command(loop_demo_command, "demo")
 
 from azprobe.dev.drill.cli import drill_command  # noqa: E402  the drill on user traffic through Envoy
 lab_group.add_command(drill_command, "drill")
+
+from azprobe.dev.lab.envoy_cli import envoy_command  # noqa: E402
+lab_group.add_command(envoy_command, "envoy")

@@ -121,7 +121,7 @@ def teardown(name: str, state_dir: Path | None = None) -> list[str]:
         for child in (state.STATE_FILE, state.AGENT_CONFIG_FILE, ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 (sdir / child).unlink()
-        for sub in ("logs", "traffic"):
+        for sub in ("logs", "traffic", "envoy"):
             shutil.rmtree(sdir / sub, ignore_errors=True)
         with contextlib.suppress(OSError):
             sdir.rmdir()  # only if empty: never delete what someone else put there
