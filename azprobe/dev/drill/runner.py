@@ -94,6 +94,8 @@ class DataPlane:
     def start(self) -> "DataPlane":
         lab = self.stack.lab
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (self.records_path, self.admin_path, self.work_dir / "eds.json"):
+            stale.unlink(missing_ok=True)  # a previous run of this mode in the same work dir
         endpoints = {az: [f"{lab.server_addr(az)}:{HTTP_PORT}"] for az in lab.azs}
         endpoints_path = self.work_dir / "endpoints.json"
         endpoints_path.write_text(json.dumps(endpoints))
