@@ -234,6 +234,9 @@ def mode_figures(mode: str, requests: Sequence[Request], admin: Sequence[AdminSa
     return ModeFigures(
         mode=mode, sick_azs=list(sick), baseline=baseline, fault=window(fault_start, fault_end),
         after_detection=window(after_start, fault_end), run=window(run_start, run_end),
-        detect_s=detect, recover_s=recovery_s(requests, sick, fault_end, run_end, baseline.sick_share_client),
+        detect_s=detect,
+        # nothing to recover from when the mode never moved traffic away
+        recover_s=None if detect is None else recovery_s(requests, sick, fault_end, run_end,
+                                                         baseline.sick_share_client),
         fault_s=fault_end - fault_start,
         timeline=time_bins(requests, run_start, run_end, fault_start, width=1.0, azs=azs))

@@ -32,7 +32,7 @@ def row(f: ModeFigures) -> tuple[str, ...]:
     a = f.after_detection
     return (f.mode, str(a.requests), _pct(a.success_pct), _ms(a.p50_ms), _ms(a.p95_ms), _ms(a.p99_ms),
             _ms(a.p999_ms), _ms(f.fault.p99_ms), _pct(f.fault.success_pct),
-            _share(a.sick_share_client, a.sick_share_envoy), _s(f.detect_s), _s(f.recover_s))
+            _share(a.sick_share_client, a.sick_share_envoy), _s(f.detect_s), "-" if f.detect_s is None else _s(f.recover_s))
 
 
 def render(figures: list[ModeFigures], doc: dict[str, Any]) -> str:
