@@ -26,9 +26,11 @@ from azprobe.dev.lab.topology import validate_name
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the timeline picture here (.png or .svg).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
+@click.option("--fail-static", is_flag=True,
+              help="Then: az-b drained and frozen, az-a and az-c blackholed; seconds until users succeed via az-b.")
 @click.option("--name", default=DEMO_LAB_NAME, show_default=True, help="Name of the drill's lab.")
 def drill_command(modes: str, scenario_name: str, fault_s: float, baseline_s: float, recovery_s: float,
-                  rate: float, plot_path: Path | None, as_json: bool, name: str) -> None:
+                  rate: float, plot_path: Path | None, as_json: bool, fail_static: bool, name: str) -> None:
     """The chaos drill on user traffic: the same fault through a real Envoy, once per mode."""
     from azprobe.dev.demo.cli import _sigterm_as_interrupt
     from azprobe.dev.drill.runner import DrillSpec
@@ -43,13 +45,15 @@ def drill_command(modes: str, scenario_name: str, fault_s: float, baseline_s: fl
     demo_cli._DEMO_PID = os.getpid()
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        report, text = run_and_render(spec, name, plot_path, progress=lambda m: click.echo(f"azprobe drill: {m}", err=True))
+        report, text = run_and_render(spec, name, plot_path, fail_static=fail_static,
+                                      progress=lambda m: click.echo(f"azprobe drill: {m}", err=True))
     finally:
         signal.signal(signal.SIGTERM, previous)
     click.echo(json.dumps(report, sort_keys=True) if as_json else text)
 
 
-def run_and_render(spec, lab_name: str, plot_path: Path | None, progress=lambda m: None):  # type: ignore[no-untyped-def]
+def run_and_render(spec, lab_name: str, plot_path: Path | None, *, fail_static: bool = False,  # type: ignore[no-untyped-def]
+                   progress=lambda m: None):
     """Stack up, the drill, stack down (always); (JSON document, table text)."""
     from azprobe.dev.demo.runner import LoopStack
     from azprobe.dev.drill.runner import run_drill_modes
@@ -67,7 +71,18 @@ def run_and_render(spec, lab_name: str, plot_path: Path | None, progress=lambda 
             plot_timeline(result.figures, plot_path,
                           f"{spec.scenario.description}; {spec.rate:g} requests/s through Envoy")
             doc["plot"] = str(plot_path)
-        return doc, render(result.figures, doc)
+        text = render(result.figures, doc)
+        if fail_static:
+            from azprobe.dev.drill.failstatic import run_fail_static
+
+            progress("fail-static: az-b drained and frozen, then az-a and az-c blackholed")
+            fs = run_fail_static(stack, client_az=spec.client_az, rate=spec.rate)
+            doc["fail_static"] = fs.to_json()
+            after = "never" if fs.failover_s is None else f"{fs.failover_s:.1f} s"
+            text += (f"\nfail-static: users succeed through {fs.drained_az} {after} after "
+                     f"{' and '.join(fs.blackholed)} were blackholed ({fs.failed_requests} requests failed meanwhile; "
+                     f"no controller running)")
+        return doc, text
     finally:
         progress("teardown")
         stack.close()
