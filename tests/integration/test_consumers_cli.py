@@ -259,7 +259,10 @@ def test_envoy_eds_rewrites_only_when_the_rendering_changes(devconsul, tmp_path,
     wait_for(lambda: out.exists() and eds_weights(out)[1] == same, timeout=10, message="generation 1 rendered")
     first_inode = out.stat().st_ino
     for generation in (2, 3, 4):  # new generations, same weights: nothing to rewrite
+        wait_for(lambda: devconsul.parked_queries() > 0, timeout=10, message="the watcher parked")
         put(devconsul, sample_weights_doc(generation, same).dumps())
+        # parked again = the watcher got this generation (so none is coalesced away)
+        wait_for(lambda: devconsul.parked_queries() > 0, timeout=10, message=f"generation {generation} seen")
     changed = {"az-a": 40, "az-b": 30, "az-c": 30}
     put(devconsul, sample_weights_doc(5, changed).dumps())
     wait_for(lambda: eds_weights(out)[1] == changed, timeout=10, message="generation 5 rendered")
@@ -299,3 +302,22 @@ def test_envoy_eds_watch_exits_promptly_on_sigterm_during_a_blocking_query(devco
     # The blocking query is parked for 30 s; the exit must not wait for it. The deadline is
     # a third of that, so only a watcher that waits for Consul's answer can miss it.
     assert proc.wait(timeout=10) == 0
+
+
+def test_envoy_eds_watch_exits_on_sigterm_before_consul_ever_answers(tmp_path, spawn):
+    import socket
+
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    with socket.socket() as silent:  # accepts the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent.settimeout(20)
+        proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints),
+                     "--out", str(tmp_path / "eds.json"), "--watch",
+                     "--consul", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        conn, _ = silent.accept()  # the watcher's first query is in flight
+        with conn:
+            proc.send_signal(signal.SIGTERM)
+            # The watcher would wait 5 s for Consul's first answer; SIGTERM must not.
+            assert proc.wait(timeout=4) == 0
