@@ -13,10 +13,18 @@ Weight policy (Envoy rejects a whole update if any locality weight is 0, so none
 - no usable document (expired, or the key absent): every AZ gets weight 1 (equal
   spread), the design's fallback, never "everything down".
 AZs in the document without endpoints are skipped: there is nothing to route to.
+
+Drained zones (azprobe.consumers.failover) go to Envoy priority 1, the others stay at
+priority 0: a drained zone gets no requests while priority 0 is healthy, and gets them
+back by Envoy's own health accounting if priority 0 fails (docs/dataplane.md).
+
+`version_info` is a digest of the rendered resources, so a new generation with the same
+weights renders the same bytes and the file is not rewritten (Envoy re-applies nothing).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -24,6 +32,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +41,7 @@ from typing import Any
 import click
 
 from azprobe.consul import ConsulSettings, make_client, read_key
+from azprobe.consumers.failover import FAILOVER_PRIORITY, failover_zones
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 
@@ -112,7 +122,7 @@ def locality_weights(zones: list[str], weights: WeightsDoc | None) -> dict[str, 
 def render_cluster_load_assignment(cluster: str, endpoints: Mapping[str, list[str] | list[tuple[str, int]]],
                                    weights: WeightsDoc | None) -> dict[str, Any]:
     """An Envoy v3 DiscoveryResponse holding one ClusterLoadAssignment. `weights` None
-    (no usable document) means equal weights; version_info is the generation."""
+    (no usable document) means equal weights; version_info is a digest of the content."""
     if not cluster:
         raise ConfigError("--cluster", "must not be empty", "pass the EDS cluster's service_name")
     parsed: Endpoints = {
@@ -123,8 +133,10 @@ def render_cluster_load_assignment(cluster: str, endpoints: Mapping[str, list[st
     if not zones:
         raise ConfigError("endpoints", "no AZ has endpoints")
     weight_of = locality_weights(zones, weights)
-    localities = [
-        {
+    failover = failover_zones(weights, zones)
+    localities = []
+    for az in zones:
+        locality: dict[str, Any] = {
             "locality": {"zone": az},
             "load_balancing_weight": weight_of[az],
             "lb_endpoints": [
@@ -132,12 +144,18 @@ def render_cluster_load_assignment(cluster: str, endpoints: Mapping[str, list[st
                 for host, port in parsed[az]
             ],
         }
-        for az in zones
-    ]
-    return {
-        "version_info": EQUAL_VERSION if weights is None else str(weights.generation),
-        "resources": [{"@type": CLA_TYPE, "cluster_name": cluster, "endpoints": localities}],
-    }
+        if az in failover:
+            locality["priority"] = FAILOVER_PRIORITY
+        localities.append(locality)
+    resources = [{"@type": CLA_TYPE, "cluster_name": cluster, "endpoints": localities}]
+    return {"version_info": content_version(resources, equal=weights is None), "resources": resources}
+
+
+def content_version(resources: list[dict[str, Any]], *, equal: bool) -> str:
+    """A version that changes exactly when the content does: Envoy logs it, and equal
+    inputs give equal bytes, so the writer skips the rewrite."""
+    digest = hashlib.sha256(json.dumps(resources, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{EQUAL_VERSION}-{digest}" if equal else digest
 
 
 def render_bytes(cluster: str, endpoints: Endpoints, weights: WeightsDoc | None) -> bytes:
@@ -206,8 +224,11 @@ class EdsWriter:
 def _read_weights_once(settings: ConsulSettings, key: str) -> WeightsDoc | None:
     state = read_key(make_client(settings), key)
     if state.value is None:
-        raise AzprobeError(f"no weights at {key} in Consul at {settings.address} "
-                           f"(is the controller running? check --prefix)")
+        # Same as --watch: no document is "nothing usable", and the design's fallback for
+        # that is an equal spread, never "everything down".
+        click.echo(f"azprobe: no weights at {key} in Consul at {settings.address} (is the controller "
+                   f"running? check --prefix); writing equal weights", err=True)
+        return None
     try:
         doc = parse_weights(state.value)
     except WeightsError as exc:
@@ -241,14 +262,16 @@ def _watch_loop(settings: ConsulSettings, key_name: str, writer: EdsWriter) -> N
     watcher = WeightWatcher(settings, key_name, on_change=lambda _doc: wake.set())
     watcher.start()
     try:
-        watcher.wait_answered(timeout=5.0)
+        # Wait for Consul's first answer, but a SIGTERM must not wait for it.
+        deadline = time.monotonic() + 5.0
+        while not stop.is_set() and not watcher.wait_answered(timeout=0.1) and time.monotonic() < deadline:
+            pass
         while not stop.is_set():
             status = watcher.status()
             write, weights = watch_decision(watcher.snapshot(), status.state, status.key_absent,
                                             writer.has_file)
             if write and writer.write(weights):
-                version = "equal" if weights is None else f"generation {weights.generation}"
-                click.echo(f"azprobe: wrote {writer.out} ({version})", err=True)
+                click.echo(f"azprobe: wrote {writer.out} ({_describe(weights, writer)})", err=True)
             # Wake on a change, or every second to notice expiry.
             wake.wait(1.0)
             wake.clear()
@@ -286,9 +309,15 @@ def envoy_eds_command(cluster: str, endpoints_path: str, out: str, watch: bool, 
         _watch_loop(settings, key_name, writer)
         return
     doc = _read_weights_once(settings, settings.key(key_name))
-    writer.write(doc)
-    version = "equal" if doc is None else f"generation {doc.generation}"
-    click.echo(f"azprobe: wrote {out_path} ({version})", err=True)
+    verb = "wrote" if writer.write(doc) else "unchanged"
+    click.echo(f"azprobe: {verb} {out_path} ({_describe(doc, writer)})", err=True)
+
+
+def _describe(weights: WeightsDoc | None, writer: EdsWriter) -> str:
+    if weights is None:
+        return "equal weights"
+    drained = sorted(failover_zones(weights, writer.endpoints))
+    return f"generation {weights.generation}" + (f"; failover only: {', '.join(drained)}" if drained else "")
 
 
 if __name__ == "__main__":  # pragma: no cover

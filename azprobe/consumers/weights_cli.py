@@ -71,7 +71,21 @@ def render_table(doc: WeightsDoc, key: str, now: float) -> str:
     for row in rows:
         cells = [cell.ljust(w) if i in (0, 7) else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells + [row[-1]]).rstrip())
-    return render_header(doc, key, now) + "\n" + "\n".join(lines)
+    return render_header(doc, key, now) + "\n" + "\n".join(lines) + failover_note(doc, stale)
+
+
+def failover_note(doc: WeightsDoc, stale: bool) -> str:
+    """SHARE is the controller's number; a drained zone's real traffic is lower. Say so,
+    with the shares envoy-eds actually makes Envoy use (azprobe.consumers.failover)."""
+    from azprobe.consumers.failover import effective_shares, failover_zones
+
+    drained = sorted(failover_zones(doc, doc.zones))
+    if stale or not drained:
+        return ""
+    live = effective_shares(doc)
+    split = " ".join(f"{az}={share:.0f}%" for az, share in sorted(live.items()) if az not in drained)
+    return (f"\nfailover only (envoy-eds priority 1): {', '.join(drained)}: 0% of requests while the others "
+            f"are healthy; Envoy's split: {split}")
 
 
 def decode_or_explain(state: KeyState, key: str, address: str) -> WeightsDoc:

@@ -193,7 +193,7 @@ def test_envoy_eds_once(shared_consul, tmp_path):
     result = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
                      "--consul", devconsul.url, "--prefix", "eds-once/")
     assert result.returncode == 0, result.stderr
-    assert eds_weights(out) == ("4", {"az-a": 85, "az-b": 15, "az-c": 15})  # az-c: unknown -> smallest
+    assert eds_weights(out)[1] == {"az-a": 85, "az-b": 15, "az-c": 15}  # az-c: unknown -> smallest
 
 
 def test_envoy_eds_stale_weights_become_equal(shared_consul, tmp_path):
@@ -205,7 +205,8 @@ def test_envoy_eds_stale_weights_become_equal(shared_consul, tmp_path):
     result = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
                      "--consul", devconsul.url, "--prefix", "eds-stale/")
     assert result.returncode == 0 and "stale" in result.stderr
-    assert eds_weights(out) == ("equal", {"az-a": 1, "az-b": 1, "az-c": 1})
+    version, weights = eds_weights(out)
+    assert version.startswith("equal-") and weights == {"az-a": 1, "az-b": 1, "az-c": 1}
 
 
 BAD_ENDPOINTS = [
@@ -235,13 +236,88 @@ def test_envoy_eds_watch_rewrites_on_kv_change(devconsul, tmp_path, spawn):
     put(devconsul, sample_weights_doc(1, {"az-a": 85, "az-b": 10, "az-c": 5}).dumps())
     proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
                  "--watch", "--consul", devconsul.url)
-    wait_for(lambda: out.exists() and eds_weights(out)[0] == "1", timeout=10, message="generation 1 rendered")
-    assert eds_weights(out)[1] == {"az-a": 85, "az-b": 10, "az-c": 5}
+    gen1 = {"az-a": 85, "az-b": 10, "az-c": 5}
+    wait_for(lambda: out.exists() and eds_weights(out)[1] == gen1, timeout=10, message="generation 1 rendered")
     put(devconsul, "{ truncated")  # a bad document must not change the file...
     put(devconsul, sample_weights_doc(2, {"az-a": 20, "az-b": 40, "az-c": 40}).dumps())
-    wait_for(lambda: eds_weights(out)[0] == "2", timeout=10, message="generation 2 rendered")
-    assert eds_weights(out)[1] == {"az-a": 20, "az-b": 40, "az-c": 40}
+    wait_for(lambda: eds_weights(out)[1] == {"az-a": 20, "az-b": 40, "az-c": 40}, timeout=10,
+             message="generation 2 rendered")
     assert proc.poll() is None  # ...nor stop the watcher
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_envoy_eds_rewrites_only_when_the_rendering_changes(devconsul, tmp_path, spawn):
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    out = tmp_path / "eds.json"
+    same = {"az-a": 85, "az-b": 10, "az-c": 5}
+    put(devconsul, sample_weights_doc(1, same).dumps())
+    proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
+                 "--watch", "--consul", devconsul.url)
+    wait_for(lambda: out.exists() and eds_weights(out)[1] == same, timeout=10, message="generation 1 rendered")
+    first_inode = out.stat().st_ino
+    for generation in (2, 3, 4):  # new generations, same weights: nothing to rewrite
+        wait_for(lambda: devconsul.parked_queries() > 0, timeout=10, message="the watcher parked")
+        put(devconsul, sample_weights_doc(generation, same).dumps())
+        # parked again = the watcher got this generation (so none is coalesced away)
+        wait_for(lambda: devconsul.parked_queries() > 0, timeout=10, message=f"generation {generation} seen")
+    changed = {"az-a": 40, "az-b": 30, "az-c": 30}
+    put(devconsul, sample_weights_doc(5, changed).dumps())
+    wait_for(lambda: eds_weights(out)[1] == changed, timeout=10, message="generation 5 rendered")
+    assert out.stat().st_ino != first_inode
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    writes = [line for line in proc.stderr.read().splitlines() if "wrote" in line]
+    assert len(writes) == 2, writes  # generation 1 and generation 5, nothing in between
+
+
+def test_envoy_eds_once_and_watch_agree_when_the_key_is_absent(devconsul, tmp_path, spawn):
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    once, watched = tmp_path / "once.json", tmp_path / "watched.json"
+    result = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(once),
+                     "--consul", devconsul.url, "--prefix", "absent/")
+    assert result.returncode == 0 and "no weights at absent/weights" in result.stderr, result.stderr
+    proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(watched),
+                 "--watch", "--consul", devconsul.url, "--prefix", "absent/")
+    wait_for(watched.exists, timeout=10, message="the watcher's equal weights")
+    assert watched.read_bytes() == once.read_bytes()
+    assert eds_weights(once)[1] == {"az-a": 1, "az-b": 1, "az-c": 1}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_envoy_eds_watch_exits_promptly_on_sigterm_during_a_blocking_query(devconsul, tmp_path, spawn):
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    out = tmp_path / "eds.json"
+    put(devconsul, sample_weights_doc(1).dumps())
+    proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
+                 "--watch", "--consul", devconsul.url)
+    wait_for(out.exists, timeout=10, message="first rendering")
+    wait_for(lambda: devconsul.parked_queries() > 0, timeout=10, message="a parked blocking query")
+    proc.send_signal(signal.SIGTERM)
+    # The blocking query is parked for 30 s; the exit must not wait for it. The deadline is
+    # a third of that, so only a watcher that waits for Consul's answer can miss it.
+    assert proc.wait(timeout=10) == 0
+
+
+def test_envoy_eds_watch_exits_on_sigterm_before_consul_ever_answers(tmp_path, spawn):
+    import socket
+
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    with socket.socket() as silent:  # accepts the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent.settimeout(20)
+        proc = spawn("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints),
+                     "--out", str(tmp_path / "eds.json"), "--watch",
+                     "--consul", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        conn, _ = silent.accept()  # the watcher's first query is in flight
+        with conn:
+            proc.send_signal(signal.SIGTERM)
+            # The watcher would wait 5 s for Consul's first answer; SIGTERM must not.
+            assert proc.wait(timeout=4) == 0

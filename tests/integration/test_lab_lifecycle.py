@@ -54,7 +54,7 @@ def test_up_builds_a_working_lab_and_down_leaves_nothing(tmp_path):
         status = lab.status()
         assert status["healthy"] and status["delay_lines"]["az-b"]["alive"]
         pids = _pids(lab)
-        assert len(pids) == 2 + 2 + 1  # servers, generators, delay line
+        assert len(pids) == 2 + 2 + 2 + 1  # echo servers, HTTP servers, generators, delay line
     _assert_gone(name, pids)
     assert lab.down() == []  # idempotent: nothing left to remove
 

@@ -13,6 +13,7 @@ with warnings.catch_warnings():  # the generated classes trip pydantic deprecati
 
 from azprobe.consumers.envoy import (CLA_TYPE, locality_weights, parse_endpoints, render_bytes,
                            render_cluster_load_assignment, watch_decision)
+from azprobe.consumers.failover import effective_shares, failover_zones
 from azprobe.errors import ConfigError
 from azprobe.consumers.watch import EMPTY, FRESH, STALE
 from azprobe.contracts.weights import WeightsDoc, ZoneWeights
@@ -44,7 +45,10 @@ def test_output_parses_as_envoy_v3_cluster_load_assignment():
     sockets = [lb.endpoint.address.socket_address for lb in by_zone["az-a"].lb_endpoints]
     assert [(s.address, s.port_value) for s in sockets] == [("198.18.1.10", 8080), ("198.18.1.11", 8080)]
     assert by_zone["az-b"].lb_endpoints[0].endpoint.address.socket_address.address == "2001:2::5"
-    assert rendered["version_info"] == "7"
+    # the version follows the content, not the generation
+    assert rendered["version_info"] != "7"
+    again = render_cluster_load_assignment("backend", ENDPOINTS, doc_with({"az-a": 85, "az-b": 15}, generation=8))
+    assert again == rendered
 
 
 def test_a_misspelt_field_would_be_caught_by_the_envoy_classes():
@@ -63,7 +67,7 @@ def test_no_usable_document_means_equal_weights():
     rendered = render_cluster_load_assignment("backend", ENDPOINTS, None)
     cla = parse_as_envoy(rendered)
     assert {e.load_balancing_weight for e in cla.endpoints} == {1}
-    assert rendered["version_info"] == "equal"
+    assert rendered["version_info"].startswith("equal-")
 
 
 def test_zones_in_document_without_endpoints_are_skipped():
@@ -106,3 +110,53 @@ def test_watch_decision_holds_the_file_while_consul_is_unreachable():
     assert watch_decision(None, EMPTY, True, True) == (True, None)        # key absent: equal
     assert watch_decision(None, EMPTY, False, True) == (False, None)      # unreachable: hold file
     assert watch_decision(None, EMPTY, False, False) == (True, None)      # no file yet: equal
+
+
+# --- drained zones: Envoy priority 1 (azprobe.consumers.failover) ---
+
+def drained_doc(az_b_share: int, az_b_state: str = "degraded", generation: int = 9) -> WeightsDoc:
+    zones = {"az-a": ZoneWeights(1.0, 100 - az_b_share - 49, 0.99, 0.999, 5.0, 0.3, 100, "ok"),
+             "az-b": ZoneWeights(0.14, az_b_share, 0.2, 0.95, 400.0, 0.3, 100, az_b_state),
+             "az-c": ZoneWeights(1.0, 49, 0.99, 0.999, 5.0, 0.3, 100, "ok")}
+    return WeightsDoc(generation=generation, generated_at=1.0, expires_at=2.0, leader="ctl-1",
+                      model="default", state="degraded", zones=zones)
+
+
+def priorities(rendered: dict) -> dict[str, int]:
+    cla = parse_as_envoy(rendered)
+    return {e.locality.zone: e.priority for e in cla.endpoints}
+
+
+def test_a_drained_zone_is_rendered_at_failover_priority():
+    rendered = render_cluster_load_assignment("backend", ENDPOINTS, drained_doc(1))
+    assert priorities(rendered) == {"az-a": 0, "az-b": 1, "az-c": 0}
+
+
+def test_a_degraded_zone_still_in_its_dwell_keeps_priority_zero():
+    assert priorities(render_cluster_load_assignment("backend", ENDPOINTS, drained_doc(30))) == \
+        {"az-a": 0, "az-b": 0, "az-c": 0}
+
+
+def test_an_operator_shift_is_failover_too_but_a_low_ok_zone_is_not():
+    assert failover_zones(drained_doc(1, "shifted"), ["az-a", "az-b", "az-c"]) == {"az-b"}
+    assert failover_zones(drained_doc(1, "ok"), ["az-a", "az-b", "az-c"]) == set()
+
+
+def test_never_every_zone_at_failover_priority():
+    # only az-b has endpoints and it is drained: nothing to fail over from, so it stays at 0
+    rendered = render_cluster_load_assignment("backend", {"az-b": ["198.18.2.10:80"]}, drained_doc(1))
+    assert priorities(rendered) == {"az-b": 0}
+    assert failover_zones(None, ["az-a"]) == set()
+
+
+def test_effective_shares_give_drained_zones_nothing():
+    shares = effective_shares(drained_doc(1))
+    assert shares["az-b"] == 0.0
+    assert abs(sum(shares.values()) - 100.0) < 1e-9 and shares["az-a"] == 100.0 * 50 / 99
+
+
+def test_version_changes_with_the_content_only():
+    a = render_cluster_load_assignment("backend", ENDPOINTS, drained_doc(1, generation=1))
+    b = render_cluster_load_assignment("backend", ENDPOINTS, drained_doc(1, generation=2))
+    c = render_cluster_load_assignment("backend", ENDPOINTS, drained_doc(30, generation=3))
+    assert a["version_info"] == b["version_info"] != c["version_info"]

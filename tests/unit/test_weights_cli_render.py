@@ -57,3 +57,14 @@ def test_is_newer_accepts_growth_or_a_later_document_only():
     assert is_newer(sample_weights_doc(6, now=NOW), old)
     assert is_newer(sample_weights_doc(1, now=NOW + 10), old)   # wiped KV restarted generations
     assert not is_newer(sample_weights_doc(4, now=NOW - 10), old)  # a replay
+
+
+def test_a_drained_zone_is_shown_as_failover_only_with_envoys_real_split():
+    doc = sample_weights_doc(18, {"az-a": 50, "az-b": 1, "az-c": 49}, ttl_s=30, now=NOW - 3)
+    last = render_table(doc, "k", NOW).splitlines()[-1]
+    assert last.startswith("failover only (envoy-eds priority 1): az-b: 0% of requests")
+    assert "az-a=51% az-c=49%" in last
+    # not drained (share above the floor), and stale documents: no such line
+    assert "failover" not in render_table(sample_weights_doc(19, {"az-a": 85, "az-b": 15}, now=NOW), "k", NOW)
+    stale = sample_weights_doc(20, {"az-a": 50, "az-b": 1, "az-c": 49}, ttl_s=30, now=NOW - 100)
+    assert "failover" not in render_table(stale, "k", NOW)

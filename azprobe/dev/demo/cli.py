@@ -40,8 +40,11 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 @click.option("--name", default=DEMO_LAB_NAME, show_default=True, help="Name of the demo's lab (prefixes its namespaces).")
 @click.option("--nodes-per-az", type=click.IntRange(1, MAX_NODES_PER_AZ), default=DEFAULT_NODES_PER_AZ,
               show_default=True, help="Client nodes per AZ, one agent each (the controller's quorum counts nodes).")
+@click.option("--users/--no-users", default=True, show_default=True,
+              help="User traffic through a real Envoy fed by `envoy-eds --watch`, and at the end the drill's "
+                   "table for static weights vs azprobe (short windows).")
 def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep: bool, name: str,
-                 nodes_per_az: int) -> None:
+                 nodes_per_az: int, users: bool) -> None:
     """The closed loop on this machine: lab, devconsul, agent, controller, a fault drill
     with a live view, recovery, teardown."""
     from azprobe.dev.demo.runner import run_demo
@@ -73,15 +76,30 @@ def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep:
     _DEMO_PID = os.getpid()
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        result = run_demo(scenario, fault_s=fault_s, keep=keep, tick=tick, progress=progress, lab_name=name,
-                          nodes_per_az=nodes_per_az)
+        report = None
+        if users:
+            from azprobe.dev.drill.demo import run_user_demo
+
+            result, report = run_user_demo(scenario, fault_s=fault_s, keep=keep, tick=tick, progress=progress,
+                                           lab_name=name, nodes_per_az=nodes_per_az)
+        else:
+            result = run_demo(scenario, fault_s=fault_s, keep=keep, tick=tick, progress=progress, lab_name=name,
+                              nodes_per_az=nodes_per_az)
     finally:
         signal.signal(signal.SIGTERM, previous)
     doc = result.to_json()
+    if report is not None:
+        doc["users_drill"] = report.to_json()
     if as_json:
         click.echo(json.dumps(doc, sort_keys=True))
         return
     click.echo(_summary(doc))
+    if report is not None:
+        from azprobe.dev.drill.table import render as render_drill
+
+        click.echo("\nthe same fault on user traffic through Envoy (short windows: 12 s of fault per mode; "
+                   "`azprobe lab drill` runs the full one):")
+        click.echo(render_drill(report.figures, report.to_json()))
 
 
 def _fmt_s(value: float | None) -> str:

@@ -27,6 +27,18 @@ class ZoneRow:
     success: float | None = None
 
 
+@dataclass(frozen=True)
+class UserView:
+    """What the users' requests through Envoy felt over the last few seconds."""
+
+    window_s: float
+    requests: int
+    p99_ms: float | None
+    success_pct: float | None
+    split: Mapping[str, float]  # AZ -> fraction of requests, from Envoy's counters (else the client)
+    split_source: str = "envoy"
+
+
 @dataclass
 class ViewState:
     scenario: str
@@ -43,6 +55,7 @@ class ViewState:
     detect_s: float | None = None
     recover_s: float | None = None
     log: list[str] = field(default_factory=list)  # recent events, newest last
+    users: UserView | None = None  # the user traffic through Envoy, when the demo runs one
 
 
 def zone_rows(doc: object) -> list[ZoneRow]:
@@ -99,6 +112,8 @@ def render(state: ViewState, *, ansi: bool = True, sick: Iterable[str] = ()) -> 
                      f"{z.weight:8.3f}{z.health:8.3f}  {_paint(z.state, _state_colour(z.state), ansi)}")
     if not state.zones:
         lines.append(_paint("(waiting for the controller's first weights in Consul KV)", DIM, ansi))
+    if state.users is not None:
+        lines += ["", *_user_lines(state.users, sick_set, ansi)]
     figures = (f"generation {state.generation if state.generation is not None else '-'}"
                f"  state {_paint(state.doc_state or '-', _state_colour(state.doc_state), ansi)}"
                f"  leader {state.leader or '-'}  kv writes {state.kv_writes}"
@@ -108,14 +123,27 @@ def render(state: ViewState, *, ansi: bool = True, sick: Iterable[str] = ()) -> 
     return lines
 
 
+def _user_lines(users: UserView, sick: set[str], ansi: bool) -> list[str]:
+    split = "  ".join(_paint(f"{az} {share * 100:4.1f}%", RED if az in sick and share > 0.005 else "", ansi)
+                      for az, share in sorted(users.split.items()))
+    ok = _fmt(users.success_pct, ".2f")
+    return [_paint(f"users through Envoy (last {users.window_s:g} s, {users.requests} requests)", BOLD, ansi),
+            f"P99 {_fmt(users.p99_ms, '.1f')} ms   ok {ok} %   split ({users.split_source}): {split or '-'}"]
+
+
 def render_line(state: ViewState, elapsed_s: float) -> str:
     """One line per second for logs and pipes: time, phase, shares, generation."""
     shares = " ".join(f"{z.az}={z.share}" for z in state.zones) or "shares=-"
     worst = [p for p in state.paths if p.p95_rtt_ms is not None]
     slowest = max(worst, key=lambda p: p.p95_rtt_ms or 0.0, default=None)
     slow = f" slowest={slowest.src}>{slowest.dst}:{slowest.p95_rtt_ms:.1f}ms" if slowest else ""
+    users = ""
+    if state.users is not None:
+        split = ",".join(f"{az}:{share * 100:.1f}%" for az, share in sorted(state.users.split.items()))
+        users = (f" users_p99={_fmt(state.users.p99_ms, '.1f')}ms users_ok={_fmt(state.users.success_pct, '.2f')}%"
+                 f" envoy_split={split or '-'}")
     return (f"t={elapsed_s:6.1f}s phase={state.phase} {shares} state={state.doc_state or '-'}"
-            f" gen={state.generation if state.generation is not None else '-'}{slow}")
+            f" gen={state.generation if state.generation is not None else '-'}{slow}{users}")
 
 
 def frame(lines: Sequence[str]) -> str:

@@ -50,7 +50,8 @@ def _print_lab(info: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    click.echo(f"servers listen on TCP {', '.join(map(str, info['server_ports']))}; "
+    click.echo(f"servers listen on TCP {', '.join(map(str, info['server_ports']))} (echo) and "
+               f"{info.get('http_port', '-')} (HTTP/1.1, `x-az` names the AZ); "
                f"traffic: {'on' if info['traffic'] else 'off'}")
     for az, fault in info["faults"].items():
         click.echo(f"fault toward {az}: {Fault(**fault).describe()}")
@@ -176,3 +177,9 @@ def clear_command(az: str | None, from_az: str | None, name: str, state_dir: Pat
 
 from azprobe.dev.demo.cli import demo_command as loop_demo_command  # noqa: E402  the closed-loop demo replaces the lab-only one
 lab_group.add_command(loop_demo_command, "demo")
+
+from azprobe.dev.drill.cli import drill_command  # noqa: E402  the drill on user traffic through Envoy
+lab_group.add_command(drill_command, "drill")
+
+from azprobe.dev.lab.envoy_cli import envoy_command  # noqa: E402
+lab_group.add_command(envoy_command, "envoy")

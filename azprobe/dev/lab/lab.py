@@ -21,12 +21,13 @@ from azprobe.dev.lab import netns, state
 from azprobe.dev.lab.agentconfig import agent_listen, node_agent_listen, render_agent_config, render_node_agent_config
 from azprobe.dev.lab.faults import Fault
 from azprobe.dev.lab.processes import spawn_in_ns, wait_ready
-from azprobe.dev.lab.topology import (DEFAULT_NAME, DEFAULT_PORT, ClientNode, LabPlan, ZonePlan, az_names, plan_lab,
-                                      validate_name, validate_nodes_per_az)
+from azprobe.dev.lab.topology import (DEFAULT_NAME, DEFAULT_PORT, HTTP_PORT, ClientNode, LabPlan, ZonePlan, az_names,
+                                      plan_lab, validate_name, validate_nodes_per_az)
 
 SCHEMA = 1
 TRAFFIC_MODULE = "azprobe.dev.lab.traffic"
 DELAYLINE_MODULE = "azprobe.dev.lab.delayline"
+HTTP_MODULE = "azprobe.dev.lab.http"  # HTTP/1.1 on HTTP_PORT in every AZ, next to the echo ports
 _name_counter = itertools.count(1)
 
 
@@ -124,7 +125,7 @@ def teardown(name: str, state_dir: Path | None = None) -> list[str]:
         for child in (state.STATE_FILE, state.AGENT_CONFIG_FILE, ".lock"):
             with contextlib.suppress(FileNotFoundError):
                 (sdir / child).unlink()
-        for sub in ("logs", "traffic", state.NODE_AGENT_CONFIG_DIR):
+        for sub in ("logs", "traffic", "envoy", state.NODE_AGENT_CONFIG_DIR):
             shutil.rmtree(sdir / sub, ignore_errors=True)
         with contextlib.suppress(OSError):
             sdir.rmdir()  # only if empty: never delete what someone else put there
@@ -437,6 +438,7 @@ class Lab:
             "cidr_v4": str(self.plan.cidr_v4),
             "server_ports": self._doc["server_ports"],
             "nodes_per_az": self.plan.nodes_per_az,
+            "http_port": HTTP_PORT,
             "azs": {z.az: {"cidrs": z.cidrs, "server_ns": z.server_ns, "client_ns": z.client_ns,
                            "servers": [a for a in (z.server_v4, z.server_v6) if a],
                            "clients": [a for n in z.clients for a in n.addresses],
@@ -505,7 +507,10 @@ class Lab:
     def _start_servers(self) -> None:
         ports = [a for port in self._doc["server_ports"] for a in ("--port", str(port))]
         self._launch([("server", z.az, z.server_ns, netns.python_argv(TRAFFIC_MODULE, "server", *ports))
-                      for z in self.plan.zones])
+                      for z in self.plan.zones]
+                     + [("http", z.az, z.server_ns, netns.python_argv(HTTP_MODULE, "server", "--port", str(HTTP_PORT),
+                                                                        "--az", z.az))
+                        for z in self.plan.zones])
 
     def _kill_recorded(self, pids: list[int], ns: str | None = None) -> None:
         # A recorded pid is only ours while it still lives in one of our namespaces.

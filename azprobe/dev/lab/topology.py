@@ -44,6 +44,7 @@ DEFAULT_NODES_PER_AZ = 3
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 DEFAULT_NAME = "azp"
 DEFAULT_PORT = 7000
+HTTP_PORT = 8080  # every AZ's HTTP/1.1 server (azprobe.dev.lab.http), for Envoy and the drill
 
 
 def validate_name(name: str) -> str:
