@@ -56,7 +56,7 @@ class AgentCollector:
         lost.add_metric([node], gauges.get("lost_events_total", 0.0))
         yield lost
         yield from self._paths(node)
-        events = CounterMetricFamily("azprobe_events", "events sent on the perf buffer", labels=["kind"])
+        events = CounterMetricFamily("azprobe_events", "events sent on the ring buffer", labels=["kind"])
         for kind, n in sorted(self.state.event_totals().items()):
             events.add_metric([kind], n)
         yield events
