@@ -227,6 +227,14 @@ def dump_tcp_sockets(known: dict[int, SocketSample] | None = None) -> list[Socke
     return out
 
 
+def _unmapped(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return (addr.ipv4_mapped or addr) if addr.version == 6 else addr
+
+
 class SockDiagCollector:
     """The Probe's interface for Agent, backed by socket samples instead of BPF maps."""
 
@@ -237,13 +245,28 @@ class SockDiagCollector:
         self._dump = dump
         self._lookup = AzLookup([], 0)
         self._tracker = SampleTracker()
+        self._node_addrs: frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address] = frozenset()
         dump({})  # fail now (no netlink, no sock_diag), not at the first tick
+
+    def set_node_addresses(self, keys: list[bytes]) -> None:
+        """`[node] addresses` as the probe takes them (16-byte trie keys): keep only
+        sockets whose local address is one of them; none: every socket is this node's."""
+        addrs = set()
+        for key in keys:
+            addr = ipaddress.IPv6Address(key)
+            addrs.add(addr.ipv4_mapped or addr)
+        self._node_addrs = frozenset(addrs)
+
+    def _owned(self, samples: list[SocketSample]) -> list[SocketSample]:
+        if not self._node_addrs:
+            return samples
+        return [s for s in samples if _unmapped(s.src) in self._node_addrs]
 
     def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:
         self._lookup = AzLookup(entries, own_az_id)
 
     def snapshot(self, rtt_paths: Iterable[int] = ()) -> Snapshot:
-        self._tracker.update(self._dump(self._tracker.seen), self._lookup)
+        self._tracker.update(self._owned(self._dump(self._tracker.seen)), self._lookup)
         rtt_kind = bpf.constant("HIST_RTT")
         return Snapshot(counters={p: dict(c) for p, c in self._tracker.counters.items()},
                         hists={(p, rtt_kind): dict(row) for p, row in self._tracker.rtt.items()})

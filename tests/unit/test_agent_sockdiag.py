@@ -4,9 +4,11 @@ import pytest
 
 from azprobe import bpf
 from azprobe.agent.config import parse_agent_config
-from azprobe.agent.lpm import AzRegistry, trie_entries
+import ipaddress
+
+from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.agent.sockdiag import (TCP_CA_LOSS, TCP_ESTABLISHED, TCP_LISTEN, TCP_SYN_SENT, TCP_TIME_WAIT,
-                                    AzLookup, SampleTracker, SocketSample)
+                                    AzLookup, SampleTracker, SocketSample, SockDiagCollector)
 from azprobe.contracts.sketch import bucket_index
 from azprobe.contracts.window import Utilisation, Window, WindowError, parse_window
 from azprobe.errors import ConfigError
@@ -15,12 +17,18 @@ MAX_AZ = bpf.constant("MAX_AZ")
 A, B = "10.0.1.5", "10.0.2.7"
 
 
-@pytest.fixture
-def lookup():
+def _topology():
+    """(trie entries, AZ ids) of a small two-AZ topology, as the agent builds them."""
     topology = parse_agent_config({"node": {"az": "az-a"}, "topology": {
         "az-a": ["10.0.1.0/24"], "az-b": ["10.0.2.0/24", "2001:db8::/32"]}}).topology
     ids = AzRegistry().assign(topology)
-    return AzLookup(trie_entries(topology, ids), ids["az-a"]), ids
+    return trie_entries(topology, ids), ids
+
+
+@pytest.fixture
+def lookup():
+    entries, ids = _topology()
+    return AzLookup(entries, ids["az-a"]), ids
 
 
 def test_lookup_longest_prefix_v4_v6_and_unknowns(lookup):
@@ -53,6 +61,22 @@ def test_samples_to_counters(lookup):
     assert (c["conn_attempts"], c["conn_ok"], c["conn_timeout"]) == (4, 3, 1)
     assert (c["retrans"], c["syn_retrans"], c["rto"]) == (2, 0, 1)
     assert t.rtt[path] == {bucket_index(900): 2, bucket_index(1500): 1}
+
+
+def test_node_addresses_keep_only_this_nodes_sockets():
+    """`[node] addresses` for the sampler: another node's sockets (a lab namespace, a
+    container sharing the host's view) are not this node's vantage point."""
+    entries, ids = _topology()
+    other = "10.0.1.9"
+    sockets = [_sock(1, TCP_SYN_SENT), _sock(2, TCP_SYN_SENT, src=other), _sock(3, TCP_SYN_SENT, src="::ffff:" + A)]
+    collector = SockDiagCollector(dump=lambda known: list(sockets))
+    collector.set_topology(entries, ids["az-a"])
+    collector.set_node_addresses([address_key(ipaddress.ip_address(A))])
+    path = ids["az-a"] * MAX_AZ + ids["az-b"]
+    assert collector.snapshot().counters[path]["conn_attempts"] == 2  # sockets 1 and 3 (v4-mapped), not 2
+    collector.set_node_addresses([])  # empty: every socket is this node's
+    sockets[:] = [_sock(4, TCP_SYN_SENT, src=other)]
+    assert collector.snapshot().counters[path]["conn_attempts"] == 3
 
 
 def test_window_source_is_optional_and_bounded():
