@@ -134,8 +134,14 @@ def _closed_port(host: str) -> int:
 
 def _settle(agent, after: int, src: str, dst: str, field: str, want: int) -> int:
     """Wait for the count to reach `want`, then one more window so late extras show."""
-    wait_for(lambda: path_total(agent, after, src, dst, field) >= want, timeout=10,
-             message=f"{field} on {src}->{dst} >= {want}")
+    # A deadline for a condition, generous for a loaded CI box; the message carries what the
+    # agent did count on the path, so a lost count is told apart from a late one.
+    try:
+        wait_for(lambda: path_total(agent, after, src, dst, field) >= want, timeout=30,
+                 message=f"{field} on {src}->{dst} >= {want}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the agent's totals on {src}->{dst} since it loaded: "
+                             f"{agent.path_totals().get((src, dst))}") from None
     seq = latest_seq(agent)
     wait_for(lambda: latest_seq(agent) > seq, timeout=5, message="one more window")
     return path_total(agent, after, src, dst, field)
