@@ -249,8 +249,6 @@ def parse_path(doc: object, where: str = "paths[]") -> PathStats:
         if type(value) is not int or not 0 <= value <= MAX_COUNT:
             raise _count_error(prefix, name, value)
         fields[name] = value
-    _check_connect_relation(fields["conn_attempts"], fields["conn_ok"], fields["conn_refused"],
-                            fields["conn_timeout"], prefix)
     for name in HISTOGRAM_FIELDS:
         if name in doc:
             fields[name] = _histogram(doc[name], prefix + name)
@@ -317,36 +315,23 @@ def parse_window(doc: object) -> Window:
         paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
         lost_events=_count(doc, "lost_events", ""),
         source=_source(doc),
-    ), paths_checked=True)
+    ))
 
 
-def check_window(window: Window, *, paths_checked: bool = False) -> Window:
+def check_window(window: Window) -> Window:
     """The rules across a window's fields, shared by every encoding (JSON here, the compact
-    form in windowcodec): names, the time span, the path set, and - unless the decoder
-    already ran `parse_path` on each - every path's names, connect relation and histograms."""
+    form in windowcodec); per-field types, names and ranges are each decoder's job."""
     if window.end < window.start:
         raise WindowError(f"end: {window.end} is before start {window.start}")
     if window.end - window.start > MAX_WINDOW_S:
         raise WindowError(f"start: the window spans {window.end - window.start:.0f} s, at most {MAX_WINDOW_S:.0f} s")
     if len(window.paths) > MAX_PATHS:
         raise WindowError(f"paths: {len(window.paths)} paths exceed {MAX_PATHS}")
-    if not paths_checked:
-        for key, limit in (("node", MAX_NODE_NAME), ("az", MAX_AZ_NAME), ("boot_id", MAX_BOOT_ID)):
-            _name({key: getattr(window, key)}, key, "", limit)
-        for i, path in enumerate(window.paths):
-            _check_path(path, f"paths[{i}].")
+    for i, p in enumerate(window.paths):
+        _check_connect_relation(p.conn_attempts, p.conn_ok, p.conn_refused, p.conn_timeout, f"paths[{i}].")
     if len({(p.src, p.dst) for p in window.paths}) != len(window.paths):
         raise WindowError("paths: a (src, dst) path appears twice")
     return window
-
-
-def _check_path(path: PathStats, prefix: str) -> None:
-    """What `parse_path` checks beyond each field's type and range, for a decoded path."""
-    _name({"src": path.src}, "src", prefix, MAX_AZ_NAME)
-    _name({"dst": path.dst}, "dst", prefix, MAX_AZ_NAME)
-    _check_connect_relation(path.conn_attempts, path.conn_ok, path.conn_refused, path.conn_timeout, prefix)
-    for name in HISTOGRAM_FIELDS:
-        _check_buckets(getattr(path, name).counts, prefix + name)
 
 
 def _source(doc: Mapping) -> str:

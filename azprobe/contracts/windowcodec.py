@@ -34,10 +34,14 @@ from typing import Annotated, Callable
 
 import msgspec
 
-from azprobe.contracts.sketch import MAX_VALUE_BITS, Histogram
+from azprobe.contracts.sketch import NUM_BUCKETS, Histogram
 from azprobe.contracts.window import (
     DEFAULT_SOURCE,
+    MAX_AZ_NAME,
+    MAX_BOOT_ID,
+    MAX_BUCKET_LOWER,
     MAX_COUNT,
+    MAX_NODE_NAME,
     MAX_SEQ,
     MAX_SOURCE_LEN,
     SCHEMA_VERSION,
@@ -54,19 +58,24 @@ COMPACT_TYPE = "application/vnd.azprobe.windows.v1+msgpack"
 # What a client that reads both sends: the compact form first, JSON from an older agent.
 ACCEPT_BOTH = f"{COMPACT_TYPE}, {JSON_TYPE};q=0.5"
 
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+# The window contract's per-field rules, checked by msgspec in C (window.py has the same
+# rules for JSON); the cross-field ones are window.check_window's.
+_NAME_PATTERN = "^[A-Za-z0-9._-]+$"  # window.NAME_CHARS
+AzName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_AZ_NAME, pattern=_NAME_PATTERN)]
+NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NODE_NAME, pattern=_NAME_PATTERN)]
+BootId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_BOOT_ID, pattern=_NAME_PATTERN)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
-LowerBound = Annotated[int, msgspec.Meta(ge=0, le=1 << MAX_VALUE_BITS)]
-Buckets = dict[LowerBound, Count]
+LowerBound = Annotated[int, msgspec.Meta(ge=0, le=MAX_BUCKET_LOWER)]
+Buckets = Annotated[dict[LowerBound, Count], msgspec.Meta(max_length=NUM_BUCKETS)]
 Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Source = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SOURCE_LEN, pattern="^[A-Za-z0-9]+$")]
 
 
 class _Path(msgspec.Struct, array_like=True):
-    src: Name
-    dst: Name
+    src: AzName
+    dst: AzName
     conn_attempts: Count
     conn_ok: Count
     conn_refused: Count
@@ -80,9 +89,9 @@ class _Path(msgspec.Struct, array_like=True):
 
 class _Window(msgspec.Struct, array_like=True):
     schema: int
-    node: Name
-    az: Name
-    boot_id: Name
+    node: NodeName
+    az: AzName
+    boot_id: BootId
     seq: Seq
     start: Time
     end: Time
@@ -108,7 +117,7 @@ class _WindowHead(msgspec.Struct, array_like=True):
 class _Page(msgspec.Struct, array_like=True):
     node: str
     az: str
-    boot_id: Name
+    boot_id: BootId
     windows: list[msgspec.Raw]
 
 
