@@ -120,7 +120,7 @@ class LoadClient:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.open = 0
         self.records: list[str] = []
-        self.request = f"GET / HTTP/1.1\r\nhost: backend\r\nuser-agent: azprobe-lab\r\n\r\n".encode()
+        self.request = "GET / HTTP/1.1\r\nhost: backend\r\nuser-agent: azprobe-lab\r\n\r\n".encode()
 
     async def one(self) -> None:
         sent = time.monotonic()
