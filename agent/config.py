@@ -20,6 +20,10 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_LISTEN = "0.0.0.0:9740"
 # "auto": the BPF probe, or the sock_diag sampler where the probe cannot load.
 COLLECTORS = ("auto", "bpf", "sockdiag")
+# RTT sampling (docs/probe.md "RTT sampling"): tcp_probe takes the segments of one kernel
+# tick in every `rtt_sample_ticks`. A power of two, so the program tests it with one AND.
+RTT_SAMPLE_TICKS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_RTT_SAMPLE_TICKS = 4
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class AgentConfig:
     collector: str = "auto"
     # This node's local addresses; empty: every socket the kernel sees is this node's.
     addresses: tuple[IPAddress, ...] = ()
+    rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS
 
 
 def parse_node_addresses(section: Section, key: str = "addresses") -> tuple[IPAddress, ...]:
@@ -94,6 +99,10 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     if collector not in COLLECTORS:
         raise ConfigError(agent.field("collector"), f"{collector!r} is not a collector",
                           f"use one of {', '.join(COLLECTORS)}")
+    rtt_sample_ticks = agent.integer("rtt_sample_ticks", DEFAULT_RTT_SAMPLE_TICKS, min=1, max=RTT_SAMPLE_TICKS[-1])
+    if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
+        raise ConfigError(agent.field("rtt_sample_ticks"), f"{rtt_sample_ticks} is not a power of two",
+                          f"use one of {', '.join(map(str, RTT_SAMPLE_TICKS))} (1: every segment)")
     agent.reject_unknown()
     root.reject_unknown()
     if not topology:
@@ -103,7 +112,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
                           f"use one of {', '.join(sorted(topology))}")
     return AgentConfig(node=name, az=az, listen=listen, interval_s=interval_s,
                        ring_size=ring_size, topology=topology, token_file=token_file, token=token,
-                       collector=collector, addresses=addresses)
+                       collector=collector, addresses=addresses, rtt_sample_ticks=rtt_sample_ticks)
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from azprobe.agent.config import AgentConfig, load_agent_config
+from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS, AgentConfig, load_agent_config
 from azprobe.agent.http import make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.agent.probe import Probe, ProbeEvent
@@ -93,7 +93,7 @@ class Agent:
 
     def start(self) -> None:
         if self._probe is None:
-            self._probe = load_collector(self.config.collector)
+            self._probe = load_collector(self.config.collector, self.config.rtt_sample_ticks)
         self._apply(self.config)
         self.probe.open_events(self._record_event)
         # Counts from before this start (another agent sharing the probe, or a previous
@@ -168,6 +168,10 @@ class Agent:
             log.error("reload of %s failed, keeping the old topology: %s", self.config_path, exc)
             return False
         log.info("reloaded topology: %s", ", ".join(sorted(new.topology)))
+        running = getattr(self.probe, "rtt_sample_ticks", None)  # the sock_diag sampler has none
+        if running is not None and new.rtt_sample_ticks != running:
+            log.warning("[agent] rtt_sample_ticks = %d applies at the next start: the loaded probe keeps %d",
+                        new.rtt_sample_ticks, running)
         return True
 
     # -- the loop ------------------------------------------------------------------
@@ -278,19 +282,21 @@ class Agent:
             "window_seq": float(latest.seq if latest else 0),
             "lost_events_total": float(self.probe.lost_events),
             "topology_prefixes": float(sum(len(n) for n in self.config.topology.values())),
+            # The BPF probe's RTT sampling (docs/probe.md); 0: the sock_diag sampler.
+            "rtt_sample_ticks": float(getattr(self.probe, "rtt_sample_ticks", 0)),
         }
 
 
-def load_collector(kind: str) -> Probe | SockDiagCollector:
+def load_collector(kind: str, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS) -> Probe | SockDiagCollector:
     """The collector `[agent] collector` names: "bpf", "sockdiag", or "auto" (the BPF
     probe, else the sock_diag sampler, with one log line saying why)."""
     if kind == "sockdiag":
         log.info("collector: sockdiag (configured)")
         return SockDiagCollector()
     if kind == "bpf":
-        return Probe.load()
+        return Probe.load(rtt_sample_ticks)
     try:
-        return Probe.load()
+        return Probe.load(rtt_sample_ticks)
     except PrerequisiteError as exc:
         log.warning("collector: falling back to sockdiag (socket sampling, no per-segment RTT or "
                     "connect events) because the BPF probe cannot load: %s", exc)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from azprobe import bpf
+from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS
 from azprobe.agent.lpm import TrieEntry
 from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot
 from azprobe.errors import PrerequisiteError
@@ -127,19 +128,26 @@ class Probe:
     """One loaded azprobe program. Load once per process: BCC costs ~1 s and ~140 MB."""
 
     source = "bpf"  # the window's `source`: which collector made it
+    rtt_sample_ticks = 1  # set by load(): RTT samples come from one tick in this many
 
     def __init__(self, program: object) -> None:
         self.bpf = program
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
-    def load(cls) -> "Probe":
+    def load(cls, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS) -> "Probe":
+        """Compile and attach the program; `rtt_sample_ticks` (a power of two, `[agent]
+        rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment."""
+        if rtt_sample_ticks < 1 or rtt_sample_ticks & (rtt_sample_ticks - 1):
+            raise ValueError(f"rtt_sample_ticks must be a power of two, not {rtt_sample_ticks}")
         check_prerequisites()
-        cflags = []
+        cflags = [f"-DAZP_RTT_SAMPLE_MASK={rtt_sample_ticks - 1}"]
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
         cflags += ephemeral_port_cflags()
-        return cls(compile_program(bpf.PROGRAM, cflags))
+        probe = cls(compile_program(bpf.PROGRAM, cflags))
+        probe.rtt_sample_ticks = rtt_sample_ticks
+        return probe
 
     # -- topology ------------------------------------------------------------------
     def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:
@@ -188,6 +196,8 @@ class Probe:
                     pass
         if wanted:
             flag[ctypes.c_int(0)] = ctypes.c_uint32(1)
+        # A cached flow skips the address check at its next connect: forget them all.
+        self.bpf[b"flow_cache"].clear()
 
     def trie_size(self) -> int:
         return len(list(self.bpf[b"az_trie"].keys()))
@@ -200,15 +210,15 @@ class Probe:
         except Exception:  # kernels or maps without batch ops
             return table.items()
 
-    def _read_rtt_rows(self, paths: Iterable[int]) -> dict[int, dict[int, int]]:
-        """Rows of the per-CPU rtt_rows array (one element of NUM_BUCKETS counters per
-        path), one lookup syscall per path, CPUs summed."""
+    def _read_rows(self, table: str, paths: Iterable[int], per_cpu: bool) -> dict[int, dict[int, int]]:
+        """Histogram rows (struct azp_hist_row: NUM_BUCKETS counters per path) of `table`,
+        one lookup syscall per path, CPUs summed for a per-CPU array; only non-empty rows."""
         from bcc.libbcc import lib  # noqa: PLC0415
         from bcc.utils import get_possible_cpus  # noqa: PLC0415
 
-        fd = self.bpf[b"rtt_rows"].map_fd
+        fd = self.bpf[table.encode()].map_fd
         buckets = bpf.constant("NUM_BUCKETS")
-        ncpu = len(get_possible_cpus())
+        ncpu = len(get_possible_cpus()) if per_cpu else 1
         values = (ctypes.c_uint64 * (buckets * ncpu))()
         flat = memoryview(values).cast("B").cast("Q")
         rows = {}
@@ -216,7 +226,7 @@ class Probe:
             key = ctypes.c_uint32(path)
             if lib.bpf_lookup_elem(fd, ctypes.byref(key), values) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"reading rtt_rows[{path}]: {os.strerror(err)}")
+                raise OSError(err, f"reading {table}[{path}]: {os.strerror(err)}")
             sums = flat[0:buckets].tolist()
             for cpu in range(1, ncpu):
                 sums = [a + b for a, b in zip(sums, flat[cpu * buckets:(cpu + 1) * buckets].tolist())]
@@ -227,10 +237,11 @@ class Probe:
 
     def snapshot(self, rtt_paths: Iterable[int] = ()) -> Snapshot:
         """Cumulative counters and histograms; RTT rows only for `rtt_paths` (the paths
-        between known AZs: reading all AZP_MAX_PATHS rows every interval is wasted work)."""
+        between known AZs: reading all AZP_MAX_PATHS rows every interval is wasted work),
+        connect-latency rows for the paths that completed a connect."""
         snap = Snapshot(lost_events=self.lost_events)
         rtt_kind = bpf.constant("HIST_RTT")
-        for path, row in self._read_rtt_rows(rtt_paths).items():
+        for path, row in self._read_rows("rtt_rows", rtt_paths, per_cpu=True).items():
             snap.hists[(path, rtt_kind)] = row
         for key, per_cpu in self._items(self.bpf[b"path_counters"]):
             sums = dict.fromkeys(BPF_COUNTER_FIELDS, 0)
@@ -239,8 +250,10 @@ class Probe:
                     sums[name] += getattr(cpu_value, name)
             if any(sums.values()):  # an array has every path; only used ones matter
                 snap.counters[getattr(key, "value", key)] = sums
-        for key, per_cpu in self._items(self.bpf[b"hists"]):
-            snap.hists.setdefault((key.path, key.kind), {})[key.bucket] = sum(per_cpu)
+        connect_kind = bpf.constant("HIST_CONNECT")
+        connected = [path for path, sums in snap.counters.items() if sums["conn_ok"]]
+        for path, row in self._read_rows("connect_rows", connected, per_cpu=False).items():
+            snap.hists[(path, connect_kind)] = row
         return snap
 
     # -- events --------------------------------------------------------------------

@@ -29,12 +29,14 @@ def shared_probe() -> Probe:
 
 
 @contextlib.contextmanager
-def running_agent(config: AgentConfig | str | Path, *, config_path: str | Path | None = None) -> Iterator[Agent]:
-    """An Agent on the shared probe, HTTP on a free 127.0.0.1 port; stopped on exit."""
+def running_agent(config: AgentConfig | str | Path, *, config_path: str | Path | None = None,
+                  probe: Probe | None = None) -> Iterator[Agent]:
+    """An Agent on `probe` (default: the shared one), HTTP on a free 127.0.0.1 port;
+    stopped on exit."""
     if not isinstance(config, AgentConfig):
         config_path = config_path or config
         config = load_agent_config(config)
-    agent = Agent(config, config_path=config_path, listen=("127.0.0.1", 0), probe=shared_probe())
+    agent = Agent(config, config_path=config_path, listen=("127.0.0.1", 0), probe=probe or shared_probe())
     agent.start()
     try:
         yield agent

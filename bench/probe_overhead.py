@@ -6,6 +6,11 @@ Runs `azprobe agent` (subprocess) on a lab with a fixed traffic mix, loads bpf/e
 the run (restored after), and measures over DURATION_S:
   - ns_per_event per azprobe handler (run_time_ns / run_cnt deltas, from the agent's
     /metrics, which reads its own /proc/self/fdinfo) and empty_ns_per_event (ours);
+  - the programs on one tracepoint run in attach order, and the first pays about 60 ns
+    more for the same code (an empty program: 126-135 ns first, 70-72 ns after another;
+    docs/probe.md "What a segment costs"). So an empty program is attached before the
+    agent's and one after it: the agent's handler is compared with the one after it, in
+    the same (not first) place; the first one's cost is reported as first_empty_ns;
   - events_per_s: runs of all azprobe handlers per second;
   - agent_cpu_pct (of one core) and agent_rss_mb of the agent process.
 Goals: tcp_probe <= 2x empty; agent <= 2 % of a core. Prints one JSON line at the end.
@@ -34,10 +39,23 @@ from azprobe.agent.probe import check_prerequisites, compile_program, program_st
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 
 DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
+# [agent] rtt_sample_ticks for the measured agent; unset: the agent's default.
+RTT_SAMPLE_TICKS = os.environ.get("AZPROBE_BENCH_RTT_SAMPLE_TICKS", "")
 WARMUP_S = 3.0
 LOAD = TrafficSpec(rate=20.0, conns=4, interval_ms=10.0)  # per (client, target): the fixed load
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 METRIC = re.compile(r'^azprobe_bpf_run_(time_ns|count)_total\{prog="([a-z_]+)"\} ([0-9.e+]+)$')
+
+
+def exit_on_sigterm(main_pid: int):
+    """A SIGTERM handler that unwinds the bench's own process like Ctrl-C (so its `with`
+    blocks remove the lab), and ends forked helpers (pyroute2 forks to enter namespaces)
+    at once: unwinding a fork's copy of the `with` blocks would tear down the lab."""
+    def handler(_signum: int, _frame: object) -> None:
+        if os.getpid() == main_pid:
+            sys.exit(143)
+        os._exit(143)
+    return handler
 
 
 def log(msg: str) -> None:
@@ -70,6 +88,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> Non
 
 
 def main() -> None:
+    # SIGTERM unwinds like Ctrl-C: the lab is removed and bpf_stats restored.
+    signal.signal(signal.SIGTERM, exit_on_sigterm(os.getpid()))
     check_prerequisites()
     old_stats = BPF_STATS.read_text().strip()
     BPF_STATS.write_text("1")
@@ -78,8 +98,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, \
                 Lab.up(LabSpec(name=unique_lab_name("bn"), state_dir=Path(tmp), traffic=LOAD)) as lab:
             address_file = Path(tmp) / "agent.address"
+            config = lab.agent_config_path
+            if RTT_SAMPLE_TICKS:
+                config = Path(tmp) / "agent.toml"
+                config.write_text(lab.agent_config_path.read_text().replace(
+                    "[agent]\n", f"[agent]\nrtt_sample_ticks = {int(RTT_SAMPLE_TICKS)}\n", 1))
+            first = compile_program(bpf.EMPTY_PROGRAM)  # takes the first place on tcp_probe
             agent = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config",
-                                      str(lab.agent_config_path), "--listen", "127.0.0.1:0",
+                                      str(config), "--listen", "127.0.0.1:0",
                                       "--address-file", str(address_file)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             address = wait_for_address_file(address_file, alive=lambda: agent.poll() is None, timeout_s=60)
@@ -92,10 +118,10 @@ def main() -> None:
             time.sleep(WARMUP_S)  # a benchmark's fixed warm-up, not synchronisation
 
             t0, cpu0 = time.monotonic(), sum(proc.cpu_times()[:2])
-            a0, e0 = agent_stats(url), program_stats(empty)["tcp_probe"]
+            a0, e0, f0 = agent_stats(url), program_stats(empty)["tcp_probe"], program_stats(first)["tcp_probe"]
             time.sleep(DURATION_S)  # the measurement interval
             t1, cpu1 = time.monotonic(), sum(proc.cpu_times()[:2])
-            a1, e1 = agent_stats(url), program_stats(empty)["tcp_probe"]
+            a1, e1, f1 = agent_stats(url), program_stats(empty)["tcp_probe"], program_stats(first)["tcp_probe"]
             rss_mb = proc.memory_info().rss / 2**20
             traffic = lab.traffic_stats()
 
@@ -110,6 +136,8 @@ def main() -> None:
                               "events_per_s": round(runs / seconds, 1)}
         empty_runs = e1[1] - e0[1]
         empty_ns = (e1[0] - e0[0]) / empty_runs if empty_runs else None
+        first_runs = f1[1] - f0[1]
+        first_ns = (f1[0] - f0[0]) / first_runs if first_runs else None
         probe_ns = per_prog.get("tcp_probe", {}).get("ns_per_event")
         result = {
             "bench": "probe_overhead",
@@ -118,7 +146,9 @@ def main() -> None:
                      "request_interval_ms": LOAD.interval_ms, "clients": len(traffic)},
             "ns_per_event": {p: v["ns_per_event"] for p, v in per_prog.items()},
             "events_per_s_by_prog": {p: v["events_per_s"] for p, v in per_prog.items()},
+            "rtt_sample_ticks": int(RTT_SAMPLE_TICKS) if RTT_SAMPLE_TICKS else "default",
             "empty_ns_per_event": round(empty_ns, 1) if empty_ns else None,
+            "first_empty_ns_per_event": round(first_ns, 1) if first_ns else None,
             "tcp_probe_vs_empty": round(probe_ns / empty_ns, 2) if probe_ns and empty_ns else None,
             "events_per_s": round(events / seconds, 1),
             "agent_cpu_pct": round(100.0 * (cpu1 - cpu0) / seconds, 2),

@@ -10,11 +10,17 @@
  */
 #include "azprobe.bpf.h"
 
+#ifndef AZP_RTT_SAMPLE_MASK
+#define AZP_RTT_SAMPLE_MASK 0 /* every segment: the agent passes rtt_sample_ticks - 1 */
+#endif
+
 BPF_LPM_TRIE(az_trie, struct azp_lpm_key, u32, AZP_MAX_PREFIXES);
 BPF_ARRAY(agent_config, struct azp_config, 1);
 BPF_PERCPU_ARRAY(path_counters, struct azp_path_counters, AZP_MAX_PATHS);
-/* Connect latency: sparse (a connect per event, few paths x buckets used), so a hash. */
-BPF_PERCPU_HASH(hists, struct azp_hist_key, u64, AZP_MAX_HIST_ENTRIES);
+/* Connect latency per path: one shared (not per-CPU) row per path, 1 MB in all, added to
+ * atomically. It was a per-CPU hash with lookup_or_try_init: ~100-150 ns more per
+ * connect measured, and memory that grew with the CPU count. */
+BPF_ARRAY(connect_rows, struct azp_hist_row, AZP_MAX_PATHS);
 /* LRU: a socket we never see closing (program loaded mid-connect) cannot leak a slot. */
 BPF_TABLE("lru_hash", u64, struct azp_connect_start, connecting, AZP_MAX_TRACKED_SOCKS);
 BPF_TABLE("lru_hash", u64, u8, in_loss, AZP_MAX_TRACKED_SOCKS);
@@ -26,7 +32,7 @@ BPF_TABLE("lru_hash", u64, u8, in_loss, AZP_MAX_TRACKED_SOCKS);
  * mapping only depends on the topology, so entries need no expiry; the agent empties the
  * array when it reloads the topology. */
 BPF_ARRAY(flow_cache, struct azp_flow_slot, AZP_FLOW_CACHE_SLOTS);
-BPF_PERCPU_ARRAY(rtt_rows, struct azp_rtt_row, AZP_MAX_PATHS);
+BPF_PERCPU_ARRAY(rtt_rows, struct azp_hist_row, AZP_MAX_PATHS);
 BPF_PERCPU_ARRAY(probe_stats, struct azp_probe_stats, 1);
 BPF_RINGBUF_OUTPUT(events, AZP_RINGBUF_PAGES);
 
@@ -104,19 +110,19 @@ static __always_inline struct azp_path_counters *counters(u32 path)
     return path_counters.lookup(&path);
 }
 
-static __always_inline void hist_add(u32 path, u16 kind, u64 value)
+/* Count one connect latency (µs) in the path's shared row: connects on two CPUs may
+ * land in one bucket at once, hence the atomic add. */
+static __always_inline void connect_add(u32 path, u64 latency_us)
 {
-    struct azp_hist_key key = {.path = path, .kind = kind, .bucket = azp_bucket_index(value)};
-    u64 zero = 0;
-    u64 *n = hists.lookup_or_try_init(&key, &zero);
-    if (n)
-        *n += 1;
+    struct azp_hist_row *row = connect_rows.lookup(&path);
+    if (row)
+        __sync_fetch_and_add(&row->buckets[azp_bucket_index(latency_us) & (AZP_NUM_BUCKETS - 1)], 1);
 }
 
 /* Count srtt samples of one bucket in the path's per-CPU RTT row. */
 static __always_inline void rtt_add(u32 path, u64 bucket, u64 count)
 {
-    struct azp_rtt_row *row = rtt_rows.lookup(&path);
+    struct azp_hist_row *row = rtt_rows.lookup(&path);
     if (row)
         row->buckets[bucket & (AZP_NUM_BUCKETS - 1)] += count;
 }
@@ -149,6 +155,18 @@ static __always_inline struct flow_id flow_of(const struct addr_pair *a, u16 dpo
     __builtin_memcpy(&f.daddr_hi, &a->daddr[0], 8);
     __builtin_memcpy(&f.daddr_lo, &a->daddr[8], 8);
     return f;
+}
+
+/* The cached slot of flow `f`, or NULL. Every key field is compared: a slot holds
+ * whichever colliding flow connected last. */
+static __always_inline struct azp_flow_slot *flow_cache_get(const struct flow_id *f)
+{
+    u32 slot = flow_slot(f);
+    struct azp_flow_slot *e = flow_cache.lookup(&slot);
+    if (!e || !e->valid || e->dport != f->dport || e->daddr_lo != f->daddr_lo || e->saddr_lo != f->saddr_lo ||
+        e->daddr_hi != f->daddr_hi || e->saddr_hi != f->saddr_hi)
+        return NULL;
+    return e;
 }
 
 /* Remember an opened flow's path (a colliding flow takes the slot over: the other then
@@ -214,6 +232,16 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     if (args->sport < AZP_EPHEMERAL_LO || args->sport > AZP_EPHEMERAL_HI)
         return 0;
 #endif
+#if AZP_RTT_SAMPLE_MASK
+    /* RTT sampling ([agent] rtt_sample_ticks, docs/probe.md "RTT sampling"): only
+     * segments that arrive during one kernel tick in every AZP_RTT_SAMPLE_MASK + 1 go
+     * on. Whole ticks, not every Nth segment: the sampled segments come in bursts, so
+     * the flow-cache and RTT-row lines they touch are still in the cache for the next
+     * one; spreading the same number of samples evenly made each cost a miss
+     * (docs/probe.md has the figures). jiffies is one load, no clock read. */
+    if (bpf_jiffies64() & AZP_RTT_SAMPLE_MASK)
+        return 0;
+#endif
     struct flow_id f = {.dport = args->dport};
     /* saddr/daddr hold a sockaddr_in (address at 4) or sockaddr_in6 (address at 8). */
     if (args->family == AZP_AF_INET) {
@@ -231,10 +259,8 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     } else {
         return 0;
     }
-    u32 slot = flow_slot(&f);
-    struct azp_flow_slot *e = flow_cache.lookup(&slot);
-    if (!e || !e->valid || e->dport != f.dport || e->daddr_lo != f.daddr_lo || e->saddr_lo != f.saddr_lo ||
-        e->daddr_hi != f.daddr_hi || e->saddr_hi != f.saddr_hi)
+    struct azp_flow_slot *e = flow_cache_get(&f);
+    if (!e)
         return 0;
     rtt_add(e->path, azp_bucket_index(args->srtt), 1);
     return 0;
@@ -248,13 +274,30 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     u64 sk = (u64)args->skaddr;
     int newstate = args->newstate;
     int oldstate = args->oldstate;
+    if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT) {
+        /* Most changes (a server socket's whole life, a client's close): only a Loss
+         * mark may need forgetting, and the addresses are not even copied. */
+        if (newstate == AZP_TCP_CLOSE)
+            forget_loss(&sk);
+        return 0;
+    }
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
 
     if (newstate == AZP_TCP_SYN_SENT) {
-        if (!node_owns(addrs.saddr)) /* node addresses */
-            return 0;
-        u32 path = path_of(&addrs);
+        /* A flow this node opened before (a pool's new connection, a retry) has its
+         * path cached: no node-address check and no LPM lookups. The cache only holds
+         * flows that passed both, and the agent empties it whenever either changes. */
+        struct flow_id f = flow_of(&addrs, args->dport);
+        struct azp_flow_slot *cached = flow_cache_get(&f);
+        u32 path;
+        if (cached) {
+            path = cached->path;
+        } else {
+            if (!node_owns(addrs.saddr)) /* node addresses */
+                return 0;
+            path = path_of(&addrs);
+        }
         struct azp_connect_start start = {.ts_ns = bpf_ktime_get_ns(), .path = path};
         connecting.update(&sk, &start);
         struct azp_path_counters *c = counters(path);
@@ -277,7 +320,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
                 }
                 if (c)
                     c->conn_ok += 1;
-                hist_add(start.path, AZP_HIST_CONNECT, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
+                connect_add(start.path, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
             } else if (newstate == AZP_TCP_CLOSE) {
                 u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
                 if (c) {

@@ -16,7 +16,6 @@
 #define AZP_AZ_OTHER 0
 #define AZP_MAX_PREFIXES 4096      /* LPM trie entries (CIDRs over all AZs) */
 #define AZP_MAX_PATHS 256          /* AZP_MAX_AZ * AZP_MAX_AZ */
-#define AZP_MAX_HIST_ENTRIES 32768 /* sparse (path, kind, bucket) -> count */
 #define AZP_MAX_TRACKED_SOCKS 65536
 #define AZP_MAX_NODE_ADDRS 64      /* [node] addresses: this node's local addresses */
 /* Flows this node opened (local address, remote address, remote port), found by
@@ -34,7 +33,7 @@
 #define AZP_MAX_VALUE_BITS 34
 #define AZP_NUM_BUCKETS 512
 
-/* Histogram kinds (hist_key.kind). */
+/* Histogram kinds (the agent's Snapshot keys: (path, kind)). */
 #define AZP_HIST_RTT 1
 #define AZP_HIST_CONNECT 2
 
@@ -95,17 +94,10 @@ struct azp_probe_stats {
     u64 ring_drops;   /* events the ring buffer had no room for */
 };
 
-/* One path's RTT histogram: a per-CPU array element per path, so the hot handler
- * touches one contiguous row (one page) per path. */
-struct azp_rtt_row {
+/* One path's histogram, counts by sketch bucket index: an array element per path, so a
+ * handler touches one line of one row (rtt_rows: per-CPU; connect_rows: shared). */
+struct azp_hist_row {
     u64 buckets[AZP_NUM_BUCKETS];
-};
-
-/* Sparse histograms (connect latency): key -> count. */
-struct azp_hist_key {
-    u32 path;
-    u16 kind;
-    u16 bucket;
 };
 
 /* A socket between SYN_SENT and ESTABLISHED/CLOSE. */

@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from azprobe.agent.probe import Probe
 from azprobe.agent.testing import latest_seq, path_histogram, path_total, running_agent
 from tests.helpers import wait_for
 
@@ -91,6 +92,7 @@ class EchoServer:
     def __init__(self, host: str) -> None:
         import threading
 
+        self.host = host
         self.sock = socket.socket()
         self.sock.bind((host, 0))
         self.sock.listen(64)
@@ -147,6 +149,28 @@ def _settle(agent, after: int, src: str, dst: str, field: str, want: int) -> int
     return path_total(agent, after, src, dst, field)
 
 
+def _echo_rtt_samples(agent, after: int, server: "EchoServer", src: str, dst: str, **connect) -> int:
+    """One more echo exchange with `server`; then the srtt samples counted on src->dst."""
+    assert _connect(server.host, server.port, payload=b"x" * 2000, **connect) == "ok"
+    return path_histogram(agent, after, src, dst, "rtt_us").total
+
+
+def test_every_segment_counts_when_rtt_is_not_sampled(config_file):
+    # rtt_sample_ticks = 1: a probe of its own (the module's shares the default, 4).
+    probe = Probe.load(rtt_sample_ticks=1)
+    server = EchoServer(B)
+    try:
+        with running_agent(config_file, probe=probe) as agent:
+            assert agent.gauges()["rtt_sample_ticks"] == 1  # /metrics: azprobe_rtt_sample_ticks
+            start = latest_seq(agent)
+            assert [_connect(B, server.port, payload=b"x" * 2000) for _ in range(20)] == ["ok"] * 20
+            assert _settle(agent, start, "az-a", "az-b", "conn_ok", 20) == 20
+            assert path_histogram(agent, start, "az-a", "az-b", "rtt_us").total >= 20  # each received its echo
+    finally:
+        server.close()
+        probe.close()
+
+
 def test_connects_and_rtt_on_the_right_path(agent):
     server = EchoServer(B)
     try:
@@ -166,8 +190,12 @@ def test_connects_and_rtt_on_the_right_path(agent):
         # these sockets is longer than the time they existed.
         slowest_connect_us = max(info["connect_us"] for info in seen)
         assert 0 < connect.quantile(0.5) <= slowest_connect_us * (1 + 1 / 16) + 1, (connect, seen)
+        assert agent.gauges()["rtt_sample_ticks"] == 4  # the default
+        # RTT is sampled during one kernel tick in rtt_sample_ticks (4): exchange until
+        # samples are in (test_every_segment_counts_when_rtt_is_not_sampled: all of them).
+        wait_for(lambda: _echo_rtt_samples(agent, start, server, "az-a", "az-b") >= 3, timeout=30,
+                 interval=0.05, message="3 srtt samples on az-a->az-b")
         rtt = path_histogram(agent, start, "az-a", "az-b", "rtt_us")
-        assert rtt.total >= 20  # every client socket received the echo
         assert rtt.quantile(0.95) <= (time.perf_counter_ns() - sockets_from_ns) / 1000
         # nothing of this landed on az-c
         assert path_total(agent, start, "az-a", "az-c", "conn_attempts") == 0
@@ -200,7 +228,11 @@ def test_ipv6_sockets_attribute_like_ipv4(agent):
         assert [_connect(C, port, family=socket.AF_INET6) for _ in range(2)] == ["refused"] * 2
         assert _settle(agent, start, "az-a", "az-b", "conn_ok", 3) == 3
         assert path_total(agent, start, "az-a", "az-c", "conn_refused") == 2
-        assert path_histogram(agent, start, "az-a", "az-b", "rtt_us").total >= 3
+
+        # srtt of IPv6 sockets (tcp_probe's IPv6 layout); RTT is sampled, so exchange until in.
+        wait_for(lambda: _echo_rtt_samples(agent, start, server, "az-a", "az-b", family=socket.AF_INET6) >= 3,
+                 timeout=30, interval=0.05, message="3 srtt samples from IPv6 sockets on az-a->az-b")
+        assert path_histogram(agent, start, "az-a", "az-c", "rtt_us").total == 0
     finally:
         server.close()
 

@@ -17,6 +17,13 @@ def test_good_config_and_defaults(tmp_path):
     f.write_text('[node]\naz = "az-b"\n[topology]\naz-b = ["10.0.0.0/8"]\n')
     cfg = load_agent_config(f)
     assert cfg.listen == ("0.0.0.0", 9740) and cfg.node
+    assert cfg.rtt_sample_ticks == 4  # docs/probe.md "RTT sampling"
+    assert parse_agent_config({**GOOD, "agent": {"rtt_sample_ticks": 1}}).rtt_sample_ticks == 1
+
+
+def test_rtt_sample_ticks_error_names_the_choices():
+    with pytest.raises(ConfigError, match="use one of 1, 2, 4, 8, 16, 32, 64"):
+        parse_agent_config({**GOOD, "agent": {"rtt_sample_ticks": 6}})
 
 
 @pytest.mark.parametrize("doc, field", [
@@ -28,6 +35,10 @@ def test_good_config_and_defaults(tmp_path):
     ({**GOOD, "topology": {"az-a": ["198.18.1.0/33"]}}, "topology.az-a"),
     ({**GOOD, "topology": {"az-a": ["198.18.0.0/16"], "az-b": ["198.18.1.0/24"]}}, "topology.az-b"),
     ({**GOOD, "topology": {}}, "topology"),
+    ({**GOOD, "agent": {"rtt_sample_ticks": 3}}, "agent.rtt_sample_ticks"),
+    ({**GOOD, "agent": {"rtt_sample_ticks": 0}}, "agent.rtt_sample_ticks"),
+    ({**GOOD, "agent": {"rtt_sample_ticks": 128}}, "agent.rtt_sample_ticks"),
+    ({**GOOD, "agent": {"rtt_sample_ticks": "4"}}, "agent.rtt_sample_ticks"),
 ])
 def test_bad_config_names_the_field(doc, field):
     with pytest.raises(ConfigError) as exc:
