@@ -50,7 +50,9 @@ from azprobe.contracts.window import (
     Window,
     WindowError,
     check_window,
+    name_problem,
     parse_window,
+    printable,
 )
 
 JSON_TYPE = "application/json"
@@ -115,9 +117,9 @@ class _WindowHead(msgspec.Struct, array_like=True):
 
 
 class _Page(msgspec.Struct, array_like=True):
-    node: str
+    node: str  # the header's names: _page checks them, for both encodings
     az: str
-    boot_id: BootId
+    boot_id: str
     windows: list[msgspec.Raw]
 
 
@@ -263,15 +265,30 @@ def _json_number(doc: object, key: str) -> float | None:
     return float(value)
 
 
+def _page(node: object, az: object, boot_id: object, windows: list[PendingWindow]) -> WindowsPage:
+    """A page from its header, one rule for both encodings: boot_id is a name (every
+    window must carry the same), node and az are names or absent (""; a non-string JSON
+    value counts as absent). A cursor keeps these, so none is longer than a name."""
+    problem = name_problem(boot_id, MAX_BOOT_ID)
+    if problem:
+        raise WindowError(f"response: boot_id {printable(boot_id, 40)!r} {problem}")
+    header = {}
+    for key, value, limit in (("node", node, MAX_NODE_NAME), ("az", az, MAX_AZ_NAME)):
+        value = value if isinstance(value, str) else ""
+        problem = name_problem(value, limit) if value else ""
+        if problem:
+            raise WindowError(f"response: {key} {printable(value, 40)!r} {problem}")
+        header[key] = value
+    return WindowsPage(header["node"], header["az"], boot_id, windows)
+
+
 def page_from_doc(doc: object) -> WindowsPage:
     """A page from a decoded JSON document; windows are validated lazily (parse_window)."""
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("windows"), list) \
-            or not isinstance(doc.get("boot_id"), str) or not doc.get("boot_id"):
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("windows"), list):
         raise WindowError("response: expected {node, az, boot_id, windows: [...]}")
-    node, az = doc.get("node"), doc.get("az")
-    return WindowsPage(node if isinstance(node, str) else "", az if isinstance(az, str) else "", doc["boot_id"],
-                       [PendingWindow(_json_seq(raw), _json_number(raw, "end"),
-                                      (lambda raw=raw: parse_window(raw))) for raw in doc["windows"]])
+    return _page(doc.get("node"), doc.get("az"), doc.get("boot_id"),
+                 [PendingWindow(_json_seq(raw), _json_number(raw, "end"),
+                                (lambda raw=raw: parse_window(raw))) for raw in doc["windows"]])
 
 
 def decode_page(body: bytes, content_type: str | None) -> WindowsPage:
@@ -283,7 +300,7 @@ def decode_page(body: bytes, content_type: str | None) -> WindowsPage:
             page = _PAGE_DECODER.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise WindowError(f"response: {exc}") from None
-        return WindowsPage(page.node, page.az, page.boot_id, [_compact_pending(r) for r in page.windows])
+        return _page(page.node, page.az, page.boot_id, [_compact_pending(r) for r in page.windows])
     if media != JSON_TYPE and not media.endswith("+json"):
         raise WindowError(f"response: unexpected Content-Type {media[:60]!r}")
     try:

@@ -139,6 +139,12 @@ def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
     (b"{", JSON_TYPE),
     (b'{"boot_id": "b"}', JSON_TYPE),
     (b"<html>", "text/html"),
+    # the header's names, under one rule in both encodings
+    (b'{"boot_id": "b c", "windows": []}', JSON_TYPE),
+    (b'{"boot_id": "' + b"b" * 129 + b'", "windows": []}', JSON_TYPE),
+    (b'{"node": "' + b"n" * 254 + b'", "boot_id": "b", "windows": []}', JSON_TYPE),
+    (msgspec.msgpack.encode(["n", "az a", "boot", []]), COMPACT_TYPE),
+    (msgspec.msgpack.encode(["n" * 254, "az-a", "boot", []]), COMPACT_TYPE),
 ])
 def test_an_unreadable_page_is_one_clear_error(body, media):
     with pytest.raises(WindowError, match="^response: "):
