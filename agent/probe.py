@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from azprobe import bpf
-from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS
+from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS, RTT_SAMPLE_TICKS
 from azprobe.agent.lpm import TrieEntry
 from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot
 from azprobe.errors import PrerequisiteError
@@ -128,26 +128,24 @@ class Probe:
     """One loaded azprobe program. Load once per process: BCC costs ~1 s and ~140 MB."""
 
     source = "bpf"  # the window's `source`: which collector made it
-    rtt_sample_ticks = 1  # set by load(): RTT samples come from one tick in this many
 
-    def __init__(self, program: object) -> None:
+    def __init__(self, program: object, rtt_sample_ticks: int) -> None:
         self.bpf = program
+        self.rtt_sample_ticks = rtt_sample_ticks  # RTT samples come from one tick in this many
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
     def load(cls, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS) -> "Probe":
         """Compile and attach the program; `rtt_sample_ticks` (a power of two, `[agent]
         rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment."""
-        if rtt_sample_ticks < 1 or rtt_sample_ticks & (rtt_sample_ticks - 1):
-            raise ValueError(f"rtt_sample_ticks must be a power of two, not {rtt_sample_ticks}")
+        if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
+            raise ValueError(f"rtt_sample_ticks must be one of {RTT_SAMPLE_TICKS}, not {rtt_sample_ticks}")
         check_prerequisites()
         cflags = [f"-DAZP_RTT_SAMPLE_MASK={rtt_sample_ticks - 1}"]
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
         cflags += ephemeral_port_cflags()
-        probe = cls(compile_program(bpf.PROGRAM, cflags))
-        probe.rtt_sample_ticks = rtt_sample_ticks
-        return probe
+        return cls(compile_program(bpf.PROGRAM, cflags), rtt_sample_ticks)
 
     # -- topology ------------------------------------------------------------------
     def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:

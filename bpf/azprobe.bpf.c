@@ -305,33 +305,32 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
             c->conn_attempts += 1;
         return 0;
     }
-    if (oldstate == AZP_TCP_SYN_SENT) {
-        struct azp_connect_start *found = connecting.lookup(&sk);
-        if (found) {
-            struct azp_connect_start start = *found;
-            connecting.delete(&sk);
-            struct azp_path_counters *c = counters(start.path);
-            if (newstate == AZP_TCP_ESTABLISHED) {
-                /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
-                forget_loss(&sk);
-                if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
-                    struct flow_id f = flow_of(&addrs, args->dport);
-                    flow_cache_put(&f, start.path);
-                }
-                if (c)
-                    c->conn_ok += 1;
-                connect_add(start.path, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
-            } else if (newstate == AZP_TCP_CLOSE) {
-                u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
-                if (c) {
-                    if (start.got_reset)
-                        c->conn_refused += 1;
-                    else
-                        c->conn_timeout += 1;
-                }
-                emit(args, kind, start.path, &addrs, args->sport,
-                     args->dport, args->family);
+    /* Leaving SYN_SENT (the only case left): the connect's outcome. */
+    struct azp_connect_start *found = connecting.lookup(&sk);
+    if (found) {
+        struct azp_connect_start start = *found;
+        connecting.delete(&sk);
+        struct azp_path_counters *c = counters(start.path);
+        if (newstate == AZP_TCP_ESTABLISHED) {
+            /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
+            forget_loss(&sk);
+            if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
+                struct flow_id f = flow_of(&addrs, args->dport);
+                flow_cache_put(&f, start.path);
             }
+            if (c)
+                c->conn_ok += 1;
+            connect_add(start.path, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
+        } else if (newstate == AZP_TCP_CLOSE) {
+            u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
+            if (c) {
+                if (start.got_reset)
+                    c->conn_refused += 1;
+                else
+                    c->conn_timeout += 1;
+            }
+            emit(args, kind, start.path, &addrs, args->sport,
+                 args->dport, args->family);
         }
     }
     if (newstate == AZP_TCP_CLOSE)
