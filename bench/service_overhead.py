@@ -10,10 +10,30 @@ and max. Also the machine's busy CPU time per request (all CPUs, from /proc/stat
 service, wrk, softirqs, the probe and the agent alike), and capacity_ratio = its off / on:
 the throughput ratio a CPU-bound service would see at the same CPU. On a shared VM the
 CPU a run gets from the host varies by ±15 % between runs of one arm, which moves
-requests/s far more than the probe does; CPU per request does not depend on it. Then the agent's own CPU (% of one core) and RSS under the lab's traffic
-generators at about 20,000 segments/s plus 500 new connections/s.
-Goals: throughput ratio >= 0.99, P99 ratio <= 1.02, agent <= 2 % of a core and <= 160 MB.
-Prints one JSON line at the end.
+requests/s far more than the probe does; busy CPU per request moves with it (the machine
+is CPU-bound in both arms), so neither ratio resolves a 1 % effect.
+
+probe_cost does not compare runs: with one agent loaded and kernel.bpf_stats_enabled on
+(only in this phase, restored after, also on SIGTERM: bpf_stats adds two clock reads to
+every handler run, which must not weigh on the A/B pairs), each mode runs wrk 3 times and
+reads, around each run, the agent's handler run time and run count (its /metrics), the
+agent process's user+sys CPU time (its kernel CPU clock, to the ns: psutil's 10 ms ticks
+are about what the agent takes in a run), and the machine's busy CPU. Per run and
+request: the handlers' kernel time (bpf_ns_per_request; per handler its runs and ns per
+run), the busy CPU, the agent's CPU, their shares of the busy CPU (bpf_share,
+agent_share), and implied_rps_ratio = 1 - bpf_share - agent_share: a CPU-bound service at
+saturation loses exactly the CPU the probe and the agent take per request. All are ratios
+within one run, so the host's run-to-run noise cancels. Reported per mode as the median
+of the 3 runs. Left out: the tracepoint's own dispatch outside the BPF program
+(perf_trace_* filling the trace record the handler reads) is not in bpf_stats, so
+implied_rps_ratio is an upper bound; the bpf_stats clock reads inflate run time and busy
+CPU a little. Handler runs and busy CPU are the whole machine's: the bench needs the
+machine otherwise idle, and the sysctl to itself.
+
+Then the agent's own CPU (% of one core) and RSS under the lab's traffic generators at
+about 20,000 segments/s plus 500 new connections/s.
+Goals: throughput ratio >= 0.99 (and implied_rps_ratio >= 0.99), P99 ratio <= 1.02,
+agent <= 2 % of a core and <= 160 MB. Prints one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -36,12 +57,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
-from probe_overhead import exit_on_sigterm, log, wait_healthy  # noqa: E402  (bench/ is sys.path[0])
+# bench/ is sys.path[0]
+from probe_overhead import BPF_STATS, agent_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
 
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
 RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
 LOAD_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
 SETTLE_S = 3.0
+PROBE_COST_RUNS = 3
+MODES = (("keepalive", True), ("new_connection", False))
 NGINX_PORT = 8080
 # 3 clients x 3 targets: 56 new connections/s each = 500/s; 10 long-lived connections
 # each with a round trip every 9 ms ~ 10,000 round trips/s ~ 20,000 received segments/s.
@@ -122,8 +146,15 @@ class AgentProcess:
                 self.proc.wait()
 
 
-def wrk(lab: Lab, url: str, keepalive: bool) -> tuple[float, float, float]:
-    """(requests/s, P99 ms, busy CPU µs per request) of one wrk run."""
+class WrkRun(NamedTuple):
+    rps: float
+    p99_ms: float
+    cpu_us_per_request: float  # busy CPU, all CPUs
+    requests: int
+
+
+def wrk(lab: Lab, url: str, keepalive: bool) -> WrkRun:
+    """One wrk run: requests/s, P99 ms, busy CPU µs per request, requests."""
     argv = ["wrk", "-t1", "-c16", f"-d{RUN_S}s", "--latency", url]
     if not keepalive:
         argv[1:1] = ["-H", "Connection: close"]
@@ -131,7 +162,7 @@ def wrk(lab: Lab, url: str, keepalive: bool) -> tuple[float, float, float]:
     out = lab.exec(lab.client_ns("az-a"), argv, timeout=RUN_S + 30).stdout
     cpu1 = busy_cpu_seconds()
     rps, p99, requests = parse_wrk(out)
-    return rps, p99, round(1e6 * (cpu1 - cpu0) / max(requests, 1), 2)
+    return WrkRun(rps, p99, round(1e6 * (cpu1 - cpu0) / max(requests, 1), 2), requests)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -141,7 +172,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def service_pairs(lab: Lab, config: Path, url: str) -> dict:
     result = {}
-    for mode, keepalive in (("keepalive", True), ("new_connection", False)):
+    for mode, keepalive in MODES:
         rps_ratio, p99_ratio, capacity_ratio, raw = [], [], [], []
         for i in range(PAIRS):
             runs = {}
@@ -167,6 +198,98 @@ def service_pairs(lab: Lab, config: Path, url: str) -> dict:
                         "rps_off_median": round(statistics.median(r["off"][0] for r in raw), 1),
                         "p99_ms_off_median": round(statistics.median(r["off"][1] for r in raw), 3)}
     return result
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """user + sys CPU time of the process, every thread (exited ones too), to the ns: the
+    kernel's CPU clock of process `pid` (the clockid clock_getcpuclockid(3) returns:
+    CPUCLOCK_SCHED of the whole process). psutil's times come in 10 ms clock ticks, and the
+    agent takes about one tick in a run: a median of 3 runs then often reads 0."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
+
+
+def run_cost(run: WrkRun, before: dict[str, list[int]], after: dict[str, list[int]], agent_cpu_s: float) -> dict:
+    """One run's probe and agent cost per request, unrounded; the shares are of the busy
+    CPU per request of the same run, so the run's throughput cancels out."""
+    requests = max(run.requests, 1)
+    runs, ns_per_event = {}, {}
+    bpf_ns = 0
+    for prog, (ns1, n1) in sorted(after.items()):
+        ns0, n0 = before.get(prog, [0, 0])
+        bpf_ns += ns1 - ns0
+        runs[prog] = (n1 - n0) / requests
+        ns_per_event[prog] = (ns1 - ns0) / (n1 - n0) if n1 > n0 else None
+    if not any(runs.values()):
+        raise SystemExit("bench: the agent counted no BPF handler runs (bpf_stats off or no probe loaded)")
+    busy_ns = 1e3 * run.cpu_us_per_request
+    bpf_share = bpf_ns / requests / busy_ns
+    agent_share = 1e9 * agent_cpu_s / requests / busy_ns
+    return {"rps": run.rps, "cpu_us_per_request": run.cpu_us_per_request, "bpf_ns_per_request": bpf_ns / requests,
+            "agent_cpu_us_per_request": 1e6 * agent_cpu_s / requests, "bpf_share": bpf_share,
+            "agent_share": agent_share, "implied_rps_ratio": 1.0 - bpf_share - agent_share,
+            "bpf_ns_per_event": ns_per_event, "bpf_runs_per_request": runs}
+
+
+def median_by_prog(runs: list[dict], key: str, digits: int) -> dict[str, float | None]:
+    """Per handler, the median over the runs that have a value (a handler that did not run
+    has no ns per event)."""
+    progs = sorted({prog for r in runs for prog in r[key]})
+    out = {}
+    for prog in progs:
+        values = [r[key][prog] for r in runs if r[key].get(prog) is not None]
+        out[prog] = round(statistics.median(values), digits) if values else None
+    return out
+
+
+def probe_cost(lab: Lab, config: Path, url: str) -> dict:
+    """Per mode, the median of PROBE_COST_RUNS runs of the probe's and the agent's CPU per
+    request (see the module docstring); the agent is loaded throughout."""
+    digits = {"rps": 1, "cpu_us_per_request": 2, "bpf_ns_per_request": 1, "agent_cpu_us_per_request": 3,
+              "bpf_share": 5, "agent_share": 5, "implied_rps_ratio": 4}
+    old_stats = BPF_STATS.read_text().strip()
+    result = {}
+    # The finally restores the sysctl on an exception and on SIGTERM (which unwinds like
+    # Ctrl-C); bpf_stats is on only here, never while the A/B pairs run.
+    try:
+        BPF_STATS.write_text("1")
+        # The BPF collector explicitly: "auto" falling back to sock_diag has no handlers to measure.
+        agent = AgentProcess(config, "bpf")
+        try:
+            pid = agent.proc.pid
+            for mode, keepalive in MODES:
+                runs = []
+                for i in range(PROBE_COST_RUNS):
+                    # As in service_pairs: the previous run's sockets and CPU load drain first.
+                    time.sleep(SETTLE_S)
+                    # The scrapes are outside wrk's busy-CPU window; their own loopback
+                    # connection adds a few dozen handler runs to 10^4-10^5 requests.
+                    before, cpu0 = agent_stats(agent.url), process_cpu_seconds(pid)
+                    run = wrk(lab, url, keepalive)
+                    cpu1, after = process_cpu_seconds(pid), agent_stats(agent.url)
+                    # The sysctl is one switch for the whole machine: another bench that
+                    # restores its own saved 0 mid-run leaves this run's BPF time short.
+                    if BPF_STATS.read_text().strip() != "1":
+                        raise SystemExit("bench: kernel.bpf_stats_enabled was turned off during the run "
+                                         "(by another process?)")
+                    cost = run_cost(run, before, after, cpu1 - cpu0)
+                    runs.append(cost)
+                    log(f"{mode} probe cost run {i + 1}: {run.requests} requests ({run.rps:.0f}/s), "
+                        f"busy {cost['cpu_us_per_request']:.2f} µs, bpf {cost['bpf_ns_per_request']:.0f} ns "
+                        f"({100 * cost['bpf_share']:.2f} %), agent {cost['agent_cpu_us_per_request']:.3f} µs "
+                        f"({100 * cost['agent_share']:.3f} %) per request; implied rps ratio "
+                        f"{cost['implied_rps_ratio']:.4f}; runs per request "
+                        + ", ".join(f"{p} {n:.2f}" for p, n in cost["bpf_runs_per_request"].items() if n))
+                result[mode] = {key: round(statistics.median(r[key] for r in runs), d) for key, d in digits.items()}
+                result[mode]["bpf_ns_per_event"] = median_by_prog(runs, "bpf_ns_per_event", 1)
+                result[mode]["bpf_runs_per_request"] = median_by_prog(runs, "bpf_runs_per_request", 3)
+        finally:
+            agent.stop()
+    finally:
+        # Unless another process has turned it off since: writing back a saved 1 then
+        # would leave it on for good.
+        if BPF_STATS.read_text().strip() == "1":
+            BPF_STATS.write_text(old_stats)
+    return {"runs": PROBE_COST_RUNS, **result}
 
 
 def agent_under_load(lab: Lab, config: Path, collector: str = "bpf", ns: str | None = None) -> dict:
@@ -199,7 +322,8 @@ def tcp_in_segs(lab: Lab) -> int:
 
 
 def main() -> None:
-    # SIGTERM unwinds like Ctrl-C, so the lab, nginx and any agent are removed.
+    # SIGTERM unwinds like Ctrl-C, so the lab, nginx and any agent are removed and
+    # bpf_stats is restored.
     signal.signal(signal.SIGTERM, exit_on_sigterm(os.getpid()))
     with tempfile.TemporaryDirectory() as tmp, \
             Lab.up(LabSpec(name=unique_lab_name("so"), state_dir=Path(tmp) / "lab", traffic=False)) as lab:
@@ -216,6 +340,7 @@ def main() -> None:
                     raise SystemExit(f"bench: nginx not serving: {nginx.stderr.read() if nginx.poll() else ''}")
                 time.sleep(0.2)
             service = service_pairs(lab, lab.agent_config_path, url)
+            cost = probe_cost(lab, lab.agent_config_path, url)
             load = agent_under_load(lab, lab.agent_config_path)
             # The fallback sees its own namespace's sockets: run it in az-a's client
             # namespace (a third of the load's connections, all of their TIME_WAITs).
@@ -223,11 +348,16 @@ def main() -> None:
         finally:
             nginx.terminate()
             nginx.wait(timeout=10)
-    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "agent_under_load": load,
-              "sockdiag_agent_under_load": fallback}
+    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "probe_cost": cost,
+              "agent_under_load": load, "sockdiag_agent_under_load": fallback}
     ka, nc = service["keepalive"], service["new_connection"]
+    cka, cnc = cost["keepalive"], cost["new_connection"]
     log(f"goals: rps ratio >= 0.99 (keepalive {ka['rps_ratio']['median']}, new conn {nc['rps_ratio']['median']}; "
-        f"at equal CPU {ka['capacity_ratio']['median']}, {nc['capacity_ratio']['median']}), "
+        f"at equal CPU {ka['capacity_ratio']['median']}, {nc['capacity_ratio']['median']}; "
+        f"from CPU per request {cka['implied_rps_ratio']}, {cnc['implied_rps_ratio']}: "
+        f"bpf {cka['bpf_ns_per_request']}, {cnc['bpf_ns_per_request']} ns of "
+        f"{cka['cpu_us_per_request']}, {cnc['cpu_us_per_request']} µs, agent {cka['agent_cpu_us_per_request']}, "
+        f"{cnc['agent_cpu_us_per_request']} µs), "
         f"P99 ratio <= 1.02 ({ka['p99_ratio']['median']}, {nc['p99_ratio']['median']}), agent <= 2 % "
         f"({load['agent_cpu_pct']}) and <= 160 MB ({load['agent_rss_mb']})")
     print(json.dumps(result, separators=(",", ":")))
