@@ -281,6 +281,8 @@ class Agent:
         return {
             "window_seq": float(latest.seq if latest else 0),
             "lost_events_total": float(self.probe.lost_events),
+            # Connects with no slot to track their outcome (BPF probe only; 0: sock_diag).
+            "untracked_connects_total": float(getattr(self.probe, "untracked_connects", 0)),
             "topology_prefixes": float(sum(len(n) for n in self.config.topology.values())),
             # The BPF probe's RTT sampling (docs/probe.md); 0: the sock_diag sampler.
             "rtt_sample_ticks": float(getattr(self.probe, "rtt_sample_ticks", 0)),

@@ -135,13 +135,20 @@ class Probe:
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
-    def load(cls, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS) -> "Probe":
+    def load(cls, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS,
+             connect_set_bits: int | None = None) -> "Probe":
         """Compile and attach the program; `rtt_sample_ticks` (a power of two, `[agent]
-        rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment."""
+        rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment.
+        `connect_set_bits`: log2 of the sets of connects in flight (default: azprobe.h's);
+        tests shrink it to fill a set on purpose."""
         if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
             raise ValueError(f"rtt_sample_ticks must be one of {RTT_SAMPLE_TICKS}, not {rtt_sample_ticks}")
+        if connect_set_bits is None:
+            connect_set_bits = bpf.constant("CONNECT_SET_BITS")
+        if not 0 <= connect_set_bits <= 16:
+            raise ValueError(f"connect_set_bits must be 0..16, not {connect_set_bits}")
         check_prerequisites()
-        cflags = [f"-DAZP_RTT_SAMPLE_MASK={rtt_sample_ticks - 1}"]
+        cflags = [f"-DAZP_RTT_SAMPLE_MASK={rtt_sample_ticks - 1}", f"-DAZP_CONNECT_SET_BITS={connect_set_bits}"]
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
         cflags += ephemeral_port_cflags()
@@ -174,6 +181,13 @@ class Probe:
     def lost_events(self) -> int:
         """Events the ring buffer had no room for (counted by the program), since load."""
         return sum(cpu.ring_drops for cpu in self.bpf[b"probe_stats"][ctypes.c_int(0)])
+
+    @property
+    def untracked_connects(self) -> int:
+        """Connects whose outcome the program could not track (their set of the
+        `connecting` array was full; bpf/azprobe.h), since load. Counted as attempts,
+        with no outcome: docs/probe.md "What a connection costs"."""
+        return sum(cpu.untracked_connects for cpu in self.bpf[b"probe_stats"][ctypes.c_int(0)])
 
     def set_node_addresses(self, keys: list[bytes]) -> None:
         """Keep only sockets whose local address is one of `keys` (16-byte trie form,

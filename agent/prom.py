@@ -52,7 +52,7 @@ class AgentCollector:
                 gauge.add_metric([node], value)
                 yield gauge
         gauges = self.state.gauges()
-        lost = CounterMetricFamily(prom.LOST_FAMILY, "Perf-buffer events the kernel dropped", labels=["node"])
+        lost = CounterMetricFamily(prom.LOST_FAMILY, "Probe events the ring buffer had no room for", labels=["node"])
         lost.add_metric([node], gauges.get("lost_events_total", 0.0))
         yield lost
         yield from self._paths(node)

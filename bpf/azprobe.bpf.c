@@ -21,9 +21,12 @@ BPF_PERCPU_ARRAY(path_counters, struct azp_path_counters, AZP_MAX_PATHS);
  * atomically. It was a per-CPU hash with lookup_or_try_init: ~100-150 ns more per
  * connect measured, and memory that grew with the CPU count. */
 BPF_ARRAY(connect_rows, struct azp_hist_row, AZP_MAX_PATHS);
-/* LRU: a socket we never see closing (program loaded mid-connect) cannot leak a slot. */
-BPF_TABLE("lru_hash", u64, struct azp_connect_start, connecting, AZP_MAX_TRACKED_SOCKS);
-BPF_TABLE("lru_hash", u64, u8, in_loss, AZP_MAX_TRACKED_SOCKS);
+/* Connects in flight and sockets inside a Loss episode, in arrays indexed by a hash of
+ * the socket's address (sock_slot): each test is one line, where a hash-map operation
+ * cost ~300 ns here (docs/probe.md "What a connection costs"). What a full set or a
+ * collision costs is stated at each. */
+BPF_ARRAY(connecting, struct azp_connect_slot, AZP_CONNECT_SLOTS);
+BPF_ARRAY(in_loss, u64, AZP_LOSS_SLOTS);
 /* Flows this node opened (SYN_SENT -> ESTABLISHED) toward an AZ of the topology:
  * (local address, remote address, remote port) -> path. tcp_probe, the hot handler (every
  * received segment), only looks here with one inlined array lookup (no hash map, no LPM).
@@ -127,12 +130,80 @@ static __always_inline void rtt_add(u32 path, u64 bucket, u64 count)
         row->buckets[bucket & (AZP_NUM_BUCKETS - 1)] += count;
 }
 
-/* Most sockets never enter Loss: a lock-free lookup miss spares them the delete's
- * bucket lock on every close and every congestion-state change. */
-static __always_inline void forget_loss(u64 *sk)
+/* The top `bits` bits of a socket address's Fibonacci hash: socket addresses are slab
+ * objects with their low bits in common, and the product mixes every bit into the top. */
+static __always_inline u32 sock_slot(u64 sk, u32 bits)
 {
-    if (in_loss.lookup(sk))
-        in_loss.delete(sk);
+    if (bits == 0) /* one set (tests): a shift by 64 is undefined */
+        return 0;
+    return (u32)((sk * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+}
+
+/* Loss marks. Two sockets in Loss at once in one slot: the later mark evicts the
+ * earlier, whose next Loss entry of the same episode (the kernel re-enters Loss at every
+ * further timeout) then counts once more. So a collision can only over-count RTOs of a
+ * socket that keeps timing out, never invent one on a healthy socket; at 4096 slots it
+ * needs hundreds of sockets in Loss at once to matter. */
+static __always_inline u64 *loss_slot(u64 sk)
+{
+    u32 slot = sock_slot(sk, AZP_LOSS_SLOT_BITS);
+    return in_loss.lookup(&slot);
+}
+
+static __always_inline int loss_marked(u64 sk)
+{
+    u64 *e = loss_slot(sk);
+    return e && *e == sk;
+}
+
+/* Most sockets never enter Loss: one line read and no write on every close and every
+ * congestion-state change. */
+static __always_inline void forget_loss(u64 sk)
+{
+    u64 *e = loss_slot(sk);
+    if (e && *e == sk)
+        *e = 0;
+}
+
+/* The slot of a connect in flight: a set is 2 slots in one line. */
+static __always_inline struct azp_connect_slot *connect_find(u64 sk)
+{
+    u32 i = sock_slot(sk, AZP_CONNECT_SET_BITS) * 2;
+    struct azp_connect_slot *e = connecting.lookup(&i);
+    if (e && e->sk == sk)
+        return e;
+    i += 1;
+    e = connecting.lookup(&i);
+    if (e && e->sk == sk)
+        return e;
+    return NULL;
+}
+
+/* Take a slot for a socket entering SYN_SENT: its own (a socket that connects again), a
+ * free one, or one held past AZP_CONNECT_EXPIRY_S; NULL when both are held. A held slot
+ * is never taken over: which connect goes untracked is then decided when it starts,
+ * before its outcome is known, so a full set drops a sample without bias. Evicting the
+ * oldest would drop the connects that wait longest, the failing ones, and make a zone
+ * in trouble look healthier. The compare-and-swap settles two CPUs claiming one slot;
+ * a claim that reads a just-taken slot's old ts_ns (the taker writes it right after its
+ * swap) can still take it over, losing that one connect's outcome: nanoseconds wide. */
+static __always_inline struct azp_connect_slot *connect_claim(u64 sk, u64 now_ns)
+{
+    u32 i = sock_slot(sk, AZP_CONNECT_SET_BITS) * 2;
+#pragma unroll
+    for (int way = 0; way < 2; way++, i++) {
+        struct azp_connect_slot *e = connecting.lookup(&i);
+        if (!e)
+            continue;
+        u64 held = e->sk;
+        if (held == sk)
+            return e;
+        if (held && now_ns - e->ts_ns < AZP_CONNECT_EXPIRY_S * 1000000000ULL)
+            continue;
+        if (__sync_val_compare_and_swap(&e->sk, held, sk) == held)
+            return e;
+    }
+    return NULL;
 }
 
 struct flow_id {
@@ -278,7 +349,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         /* Most changes (a server socket's whole life, a client's close): only a Loss
          * mark may need forgetting, and the addresses are not even copied. */
         if (newstate == AZP_TCP_CLOSE)
-            forget_loss(&sk);
+            forget_loss(sk);
         return 0;
     }
     struct addr_pair addrs;
@@ -298,22 +369,33 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
                 return 0;
             path = path_of(&addrs);
         }
-        struct azp_connect_start start = {.ts_ns = bpf_ktime_get_ns(), .path = path};
-        connecting.update(&sk, &start);
+        u64 now_ns = bpf_ktime_get_ns();
+        struct azp_connect_slot *slot = connect_claim(sk, now_ns);
+        if (slot) {
+            slot->ts_ns = now_ns;
+            slot->path = path;
+            slot->got_reset = 0;
+        } else {
+            u32 zero = 0;
+            struct azp_probe_stats *st = probe_stats.lookup(&zero);
+            if (st)
+                st->untracked_connects += 1;
+        }
         struct azp_path_counters *c = counters(path);
         if (c)
             c->conn_attempts += 1;
         return 0;
     }
     /* Leaving SYN_SENT (the only case left): the connect's outcome. */
-    struct azp_connect_start *found = connecting.lookup(&sk);
+    struct azp_connect_slot *found = connect_find(sk);
     if (found) {
-        struct azp_connect_start start = *found;
-        connecting.delete(&sk);
+        struct azp_connect_slot start = *found;
+        asm volatile("" ::: "memory"); /* the copy before the release */
+        found->sk = 0;
         struct azp_path_counters *c = counters(start.path);
         if (newstate == AZP_TCP_ESTABLISHED) {
             /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
-            forget_loss(&sk);
+            forget_loss(sk);
             if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
                 struct flow_id f = flow_of(&addrs, args->dport);
                 flow_cache_put(&f, start.path);
@@ -334,7 +416,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         }
     }
     if (newstate == AZP_TCP_CLOSE)
-        forget_loss(&sk);
+        forget_loss(sk);
     return 0;
 }
 
@@ -342,7 +424,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 TRACEPOINT_PROBE(tcp, tcp_receive_reset)
 {
     u64 sk = (u64)args->skaddr;
-    struct azp_connect_start *start = connecting.lookup(&sk);
+    struct azp_connect_slot *start = connect_find(sk);
     if (start)
         start->got_reset = 1;
     return 0;
@@ -379,20 +461,21 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 {
     u64 sk = (u64)args->skaddr;
     if (args->cong_state != AZP_TCP_CA_LOSS) {
-        forget_loss(&sk);
+        forget_loss(sk);
         return 0;
     }
-    if (in_loss.lookup(&sk))
+    if (loss_marked(sk))
         return 0;
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
     if (!node_owns(addrs.saddr)) /* node addresses */
         return 0;
-    u8 one = 1;
-    in_loss.update(&sk, &one);
+    u64 *mark = loss_slot(sk);
+    if (mark)
+        *mark = sk;
     u32 path = path_of(&addrs);
     struct azp_path_counters *c = counters(path);
-    u8 kind = connecting.lookup(&sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
+    u8 kind = connect_find(sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
     if (c) {
         if (kind == AZP_EV_SYN_RTO)
             c->syn_rto += 1;

@@ -16,7 +16,25 @@
 #define AZP_AZ_OTHER 0
 #define AZP_MAX_PREFIXES 4096      /* LPM trie entries (CIDRs over all AZs) */
 #define AZP_MAX_PATHS 256          /* AZP_MAX_AZ * AZP_MAX_AZ */
-#define AZP_MAX_TRACKED_SOCKS 65536
+/* Per-socket state the state-change handlers keep in arrays indexed by a hash of the
+ * socket's address, not in hash maps: an LRU-hash update, lookup or delete cost ~250-
+ * 350 ns each here, an array slot one line (docs/probe.md "What a connection costs").
+ * Connects in flight: AZP_CONNECT_SETS sets of 2 slots (32 bytes each, a set is one
+ * line); a connect that finds both slots of its set held is not tracked (counted in
+ * probe_stats.untracked_connects). 64 KB. */
+#ifndef AZP_CONNECT_SET_BITS /* the agent passes it (Probe.load); tests shrink it */
+#define AZP_CONNECT_SET_BITS 10
+#endif
+#define AZP_CONNECT_SLOTS (2 << AZP_CONNECT_SET_BITS)
+/* A slot held longer than this is free again: its socket's outcome was never seen (the
+ * program was loaded mid-connect, or a transition was missed). Longer than the kernel's
+ * longest SYN retry sequence (tcp_syn_retries 6: ~127 s). */
+#define AZP_CONNECT_EXPIRY_S 180
+/* Sockets inside a Loss episode (`in_loss`): one socket address per slot, 4096 x 8
+ * bytes = 32 KB, so the kernel allocates it with kmalloc, not vmalloc (see the flow
+ * cache below). */
+#define AZP_LOSS_SLOT_BITS 12
+#define AZP_LOSS_SLOTS 4096 /* 1 << AZP_LOSS_SLOT_BITS */
 #define AZP_MAX_NODE_ADDRS 64      /* [node] addresses: this node's local addresses */
 /* Flows this node opened (local address, remote address, remote port), found by
  * tcp_probe without a hash-map lookup: a direct-mapped array. Few distinct endpoints
@@ -92,6 +110,7 @@ struct azp_flow_slot {
 /* Program-wide counters (a one-element per-CPU array). */
 struct azp_probe_stats {
     u64 ring_drops;   /* events the ring buffer had no room for */
+    u64 untracked_connects; /* connects whose set in `connecting` was full: no outcome counted */
 };
 
 /* One path's histogram, counts by sketch bucket index: an array element per path, so a
@@ -100,11 +119,13 @@ struct azp_hist_row {
     u64 buckets[AZP_NUM_BUCKETS];
 };
 
-/* A socket between SYN_SENT and ESTABLISHED/CLOSE. */
-struct azp_connect_start {
-    u64 ts_ns;
+/* A socket between SYN_SENT and ESTABLISHED/CLOSE: a slot of `connecting`. */
+struct azp_connect_slot {
+    u64 sk;        /* the socket's address; 0: free */
+    u64 ts_ns;     /* when it entered SYN_SENT */
     u32 path;
-    u32 got_reset;
+    u32 got_reset; /* an RST arrived while in SYN_SENT: the coming CLOSE is a refusal */
+    u64 pad;       /* 32 bytes: the two slots of a set share a line */
 };
 
 struct azp_event {

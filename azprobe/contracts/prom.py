@@ -46,7 +46,7 @@ LABEL_UPPER = "upper"
 INFO_SERIES = "azprobe_agent_info"  # 1, labels node, az, boot_id
 CPU_SERIES = "azprobe_agent_cpu_utilisation"  # 0..1, the util of the latest window
 MEM_SERIES = "azprobe_agent_mem_utilisation"
-LOST_FAMILY = "azprobe_agent_lost_events"  # perf-buffer events the kernel dropped (counter)
+LOST_FAMILY = "azprobe_agent_lost_events"  # probe events the ring buffer had no room for (counter)
 LOST_SERIES = f"{LOST_FAMILY}_total"
 
 MAX_AZ_NAMES = 17  # the probe's 16 AZ ids plus "other"

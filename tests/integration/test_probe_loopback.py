@@ -263,6 +263,48 @@ def test_syn_timeout_counts_retransmit_and_timeout_not_rto(agent):
         listener.close()
 
 
+def test_a_full_connect_set_leaves_new_connects_untracked_and_frees_its_slots(config_file):
+    # One set of two slots (connect_set_bits 0): three unanswered connects at once. The
+    # two that hold the slots keep them (a held slot is never taken over: docs/probe.md
+    # "What a connection costs"), the third is counted untracked, not as an outcome; once
+    # the two time out, their slots are free again for the next connect.
+    import threading
+
+    probe = Probe.load(connect_set_bits=0)
+    listener = socket.socket()
+    listener.bind((C, 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection((C, port), timeout=5, source_address=(A, 0))
+    server = EchoServer(B)
+    try:
+        with running_agent(config_file, probe=probe) as agent:
+            start = latest_seq(agent)
+            untracked_before = probe.untracked_connects
+            results: list[str] = []
+            threads = [threading.Thread(target=lambda: results.append(_connect(C, port, syncnt=1, timeout=10)))
+                       for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=20)
+            assert results == ["timeout"] * 3
+            assert _settle(agent, start, "az-a", "az-c", "conn_attempts", 3) == 3
+            timeouts = path_total(agent, start, "az-a", "az-c", "conn_timeout")
+            # Other sockets of this box share the one set, so at least one of ours was
+            # left out, and never more outcomes than slots.
+            assert 1 <= timeouts <= 2
+            assert probe.untracked_connects - untracked_before >= 1
+            assert agent.gauges()["untracked_connects_total"] == probe.untracked_connects
+            assert _connect(B, server.port, payload=b"x") == "ok"
+            assert _settle(agent, start, "az-a", "az-b", "conn_ok", 1) == 1
+    finally:
+        server.close()
+        filler.close()
+        listener.close()
+        probe.close()
+
+
 def test_http_windows_metrics_healthz(agent):
     url = agent.url
     doc = json.load(urllib.request.urlopen(f"{url}/v1/windows?after=0", timeout=5))
