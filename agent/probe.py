@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from azprobe import bpf
+from azprobe.agent import btf
 from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS, RTT_SAMPLE_TICKS
 from azprobe.agent.lpm import TrieEntry
 from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 TRACEFS = Path("/sys/kernel/tracing")
 PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-BTF_VMLINUX = Path("/sys/kernel/btf/vmlinux")
+BTF_VMLINUX = btf.VMLINUX_BTF
 TRACEPOINTS = ("tcp/tcp_probe", "tcp/tcp_retransmit_skb", "tcp/tcp_cong_state_set",
                "tcp/tcp_receive_reset", "sock/inet_sock_set_state")
 
@@ -73,6 +74,18 @@ def ephemeral_port_cflags(path: Path = PORT_RANGE) -> list[str]:
         log.warning("cannot read %s: tcp_probe looks up every segment's flow", path)
         return []
     return [f"-DAZP_EPHEMERAL_LO={lo}", f"-DAZP_EPHEMERAL_HI={hi}"]
+
+
+def sock_offset_cflags(path: Path = btf.VMLINUX_BTF) -> list[str]:
+    """-D flags that hook the raw tracepoints, with the socket offsets their handlers read
+    from the running kernel's BTF. None, with one log line saying why, when the BTF cannot
+    give them: the program then hooks the classic tracepoints (docs/probe.md)."""
+    try:
+        offsets = btf.sock_offsets(btf.BTF.from_file(path))
+    except btf.BTFError as exc:
+        log.warning("hooks: classic tracepoints, not raw ones (%s)", exc)
+        return []
+    return ["-DAZP_RAW_HOOKS", *(f"-D{name}={offset}" for name, offset in offsets.items())]
 
 
 def compile_program(source: str, extra_cflags: Iterable[str] = ()) -> object:
@@ -129,18 +142,21 @@ class Probe:
 
     source = "bpf"  # the window's `source`: which collector made it
 
-    def __init__(self, program: object, rtt_sample_ticks: int) -> None:
+    def __init__(self, program: object, rtt_sample_ticks: int, raw_hooks: bool = False) -> None:
         self.bpf = program
         self.rtt_sample_ticks = rtt_sample_ticks  # RTT samples come from one tick in this many
+        # Raw tracepoints (socket offsets from BTF) or classic ones (docs/probe.md).
+        self.raw_hooks = raw_hooks
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
     def load(cls, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS,
-             connect_set_bits: int | None = None) -> "Probe":
+             connect_set_bits: int | None = None, btf_path: Path = btf.VMLINUX_BTF) -> "Probe":
         """Compile and attach the program; `rtt_sample_ticks` (a power of two, `[agent]
         rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment.
         `connect_set_bits`: log2 of the sets of connects in flight (default: azprobe.h's);
-        tests shrink it to fill a set on purpose."""
+        tests shrink it to fill a set on purpose. `btf_path`: the kernel's BTF, for the raw
+        inet_sock_set_state hook (tests point it at nothing to get the classic one)."""
         if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
             raise ValueError(f"rtt_sample_ticks must be one of {RTT_SAMPLE_TICKS}, not {rtt_sample_ticks}")
         if connect_set_bits is None:
@@ -152,7 +168,10 @@ class Probe:
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
         cflags += ephemeral_port_cflags()
-        return cls(compile_program(bpf.PROGRAM, cflags), rtt_sample_ticks)
+        offsets = sock_offset_cflags(btf_path)
+        probe = cls(compile_program(bpf.PROGRAM, cflags + offsets), rtt_sample_ticks, bool(offsets))
+        log.info("hooks: %s tracepoints", "raw" if offsets else "classic")
+        return probe
 
     # -- topology ------------------------------------------------------------------
     def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:

@@ -77,9 +77,19 @@ def fail(name: str, detail: str, fix: str) -> Check:
 # --- agent role: the kernel and BCC ---------------------------------------------------
 
 def check_btf(btf: Path) -> Check:
-    if btf.exists():
-        return ok("kernel.btf", f"{btf} present")
-    return fail("kernel.btf", f"{btf} missing", "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    """BTF present, and whether it gives the struct sock offsets for the raw
+    inet_sock_set_state hook (else the probe hooks the classic tracepoint)."""
+    from azprobe.agent import btf as btf_reader  # pure parsing, no BCC
+
+    if not btf.exists():
+        return fail("kernel.btf", f"{btf} missing", "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    try:
+        btf_reader.sock_offsets(btf_reader.BTF.from_file(btf))
+    except btf_reader.BTFError as exc:
+        return warn("kernel.btf", f"{btf} present, but no struct sock offsets ({exc}): inet_sock_set_state "
+                    "hooks the classic tracepoint", "none needed; the raw hook only saves the trace record per "
+                    "state change (docs/probe.md \"What a connection costs\")")
+    return ok("kernel.btf", f"{btf} present; struct sock offsets read: inet_sock_set_state hooks the raw tracepoint")
 
 
 def check_tracefs(tracefs: Path) -> Check:

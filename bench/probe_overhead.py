@@ -18,8 +18,11 @@ Goals: tcp_probe <= 2x empty; agent <= 2 % of a core. Prints one JSON line at th
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -27,6 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe import bpf  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
-from azprobe.agent.probe import check_prerequisites, compile_program, program_stats  # noqa: E402
+from azprobe.agent.probe import check_prerequisites, compile_program, program_stats, sock_offset_cflags  # noqa: E402
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 
 DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
@@ -43,7 +47,9 @@ DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
 RTT_SAMPLE_TICKS = os.environ.get("AZPROBE_BENCH_RTT_SAMPLE_TICKS", "")
 WARMUP_S = 3.0
 LOAD = TrafficSpec(rate=20.0, conns=4, interval_ms=10.0)  # per (client, target): the fixed load
-BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+# bpf(2): BPF_ENABLE_STATS with type BPF_STATS_RUN_TIME (include/uapi/linux/bpf.h).
+NR_BPF = {"x86_64": 321, "aarch64": 280}
+BPF_ENABLE_STATS, BPF_STATS_RUN_TIME = 32, 0
 METRIC = re.compile(r'^azprobe_bpf_run_(time_ns|count)_total\{prog="([a-z_]+)"\} ([0-9.e+]+)$')
 
 
@@ -56,6 +62,27 @@ def exit_on_sigterm(main_pid: int):
             sys.exit(143)
         os._exit(143)
     return handler
+
+
+@contextlib.contextmanager
+def bpf_run_time_stats() -> Iterator[None]:
+    """BPF run-time stats on while this holds. BPF_ENABLE_STATS hands out an fd that keeps
+    them on until it is closed, counted per holder (unlike the kernel.bpf_stats_enabled
+    sysctl, one switch that a second bench or an operator can turn off mid-run), and a
+    killed bench's fd closes with it. bpf_stats adds two clock reads to every handler run,
+    so only a measurement that needs them holds this."""
+    nr_bpf = NR_BPF.get(platform.machine())
+    if nr_bpf is None:
+        raise SystemExit(f"bench: no bpf(2) syscall number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 2)(BPF_STATS_RUN_TIME, 0)  # union bpf_attr: enable_stats.type
+    fd = libc.syscall(nr_bpf, BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        raise SystemExit(f"bench: BPF_ENABLE_STATS failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def log(msg: str) -> None:
@@ -87,14 +114,23 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> Non
     raise SystemExit("bench: agent did not become healthy")
 
 
+def stop_agent(agent: subprocess.Popen | None) -> None:
+    if agent is not None and agent.poll() is None:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+
+
 def main() -> None:
-    # SIGTERM unwinds like Ctrl-C: the lab is removed and bpf_stats restored.
+    # SIGTERM unwinds like Ctrl-C: the lab is removed and bpf_stats released.
     signal.signal(signal.SIGTERM, exit_on_sigterm(os.getpid()))
     check_prerequisites()
-    old_stats = BPF_STATS.read_text().strip()
-    BPF_STATS.write_text("1")
     agent = None
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(bpf_run_time_stats())
+        stack.callback(lambda: stop_agent(agent))
         with tempfile.TemporaryDirectory() as tmp, \
                 Lab.up(LabSpec(name=unique_lab_name("bn"), state_dir=Path(tmp), traffic=LOAD)) as lab:
             address_file = Path(tmp) / "agent.address"
@@ -103,7 +139,9 @@ def main() -> None:
                 config = Path(tmp) / "agent.toml"
                 config.write_text(lab.agent_config_path.read_text().replace(
                     "[agent]\n", f"[agent]\nrtt_sample_ticks = {int(RTT_SAMPLE_TICKS)}\n", 1))
-            first = compile_program(bpf.EMPTY_PROGRAM)  # takes the first place on tcp_probe
+            # The empty programs hook tcp_probe as the agent does (raw where BTF allows).
+            hook_cflags = sock_offset_cflags()[:1]
+            first = compile_program(bpf.EMPTY_PROGRAM, hook_cflags)  # takes the first place on tcp_probe
             agent = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config",
                                       str(config), "--listen", "127.0.0.1:0",
                                       "--address-file", str(address_file)],
@@ -113,7 +151,7 @@ def main() -> None:
                 raise SystemExit(f"bench: agent reported no address (exit {agent.poll()})")
             url = f"http://{format_host_port(*address)}"
             wait_healthy(url, agent)
-            empty = compile_program(bpf.EMPTY_PROGRAM)
+            empty = compile_program(bpf.EMPTY_PROGRAM, hook_cflags)
             proc = psutil.Process(agent.pid)
             time.sleep(WARMUP_S)  # a benchmark's fixed warm-up, not synchronisation
 
@@ -147,6 +185,7 @@ def main() -> None:
             "ns_per_event": {p: v["ns_per_event"] for p, v in per_prog.items()},
             "events_per_s_by_prog": {p: v["events_per_s"] for p, v in per_prog.items()},
             "rtt_sample_ticks": int(RTT_SAMPLE_TICKS) if RTT_SAMPLE_TICKS else "default",
+            "hooks": "raw" if hook_cflags else "classic",
             "empty_ns_per_event": round(empty_ns, 1) if empty_ns else None,
             "first_empty_ns_per_event": round(first_ns, 1) if first_ns else None,
             "tcp_probe_vs_empty": round(probe_ns / empty_ns, 2) if probe_ns and empty_ns else None,
@@ -154,14 +193,6 @@ def main() -> None:
             "agent_cpu_pct": round(100.0 * (cpu1 - cpu0) / seconds, 2),
             "agent_rss_mb": round(rss_mb, 1),
         }
-    finally:
-        if agent is not None and agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-        BPF_STATS.write_text(old_stats)
     log(f"goals: tcp_probe <= 2x empty ({result['tcp_probe_vs_empty']}x), "
         f"agent <= 2 % of a core ({result['agent_cpu_pct']} %)")
     print(json.dumps(result, separators=(",", ":")))

@@ -13,9 +13,9 @@ CPU a run gets from the host varies by ±15 % between runs of one arm, which mov
 requests/s far more than the probe does; busy CPU per request moves with it (the machine
 is CPU-bound in both arms), so neither ratio resolves a 1 % effect.
 
-probe_cost does not compare runs: with one agent loaded and kernel.bpf_stats_enabled on
-(only in this phase, restored after, also on SIGTERM: bpf_stats adds two clock reads to
-every handler run, which must not weigh on the A/B pairs), each mode runs wrk 3 times and
+probe_cost does not compare runs: with one agent loaded and BPF run-time stats on
+(BPF_ENABLE_STATS, only in this phase: bpf_stats adds two clock reads to every handler
+run, which must not weigh on the A/B pairs), each mode runs wrk 3 times and
 reads, around each run, the agent's handler run time and run count (its /metrics), the
 agent process's user+sys CPU time (its kernel CPU clock, to the ns: psutil's 10 ms ticks
 are about what the agent takes in a run), and the machine's busy CPU. Per run and
@@ -28,7 +28,7 @@ of the 3 runs. Left out: the tracepoint's own dispatch outside the BPF program
 (perf_trace_* filling the trace record the handler reads) is not in bpf_stats, so
 implied_rps_ratio is an upper bound; the bpf_stats clock reads inflate run time and busy
 CPU a little. Handler runs and busy CPU are the whole machine's: the bench needs the
-machine otherwise idle, and the sysctl to itself.
+machine otherwise idle.
 
 Then the agent's own CPU (% of one core) and RSS under the lab's traffic generators at
 about 20,000 segments/s plus 500 new connections/s.
@@ -58,7 +58,7 @@ from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: 
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
 # bench/ is sys.path[0]
-from probe_overhead import BPF_STATS, agent_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
+from probe_overhead import agent_stats, bpf_run_time_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
 
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
 RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
@@ -246,12 +246,10 @@ def probe_cost(lab: Lab, config: Path, url: str) -> dict:
     request (see the module docstring); the agent is loaded throughout."""
     digits = {"rps": 1, "cpu_us_per_request": 2, "bpf_ns_per_request": 1, "agent_cpu_us_per_request": 3,
               "bpf_share": 5, "agent_share": 5, "implied_rps_ratio": 4}
-    old_stats = BPF_STATS.read_text().strip()
     result = {}
-    # The finally restores the sysctl on an exception and on SIGTERM (which unwinds like
-    # Ctrl-C); bpf_stats is on only here, never while the A/B pairs run.
-    try:
-        BPF_STATS.write_text("1")
+    # bpf_stats is on only here, never while the A/B pairs run; released on an exception
+    # and on SIGTERM (which unwinds like Ctrl-C).
+    with bpf_run_time_stats():
         # The BPF collector explicitly: "auto" falling back to sock_diag has no handlers to measure.
         agent = AgentProcess(config, "bpf")
         try:
@@ -266,11 +264,6 @@ def probe_cost(lab: Lab, config: Path, url: str) -> dict:
                     before, cpu0 = agent_stats(agent.url), process_cpu_seconds(pid)
                     run = wrk(lab, url, keepalive)
                     cpu1, after = process_cpu_seconds(pid), agent_stats(agent.url)
-                    # The sysctl is one switch for the whole machine: another bench that
-                    # restores its own saved 0 mid-run leaves this run's BPF time short.
-                    if BPF_STATS.read_text().strip() != "1":
-                        raise SystemExit("bench: kernel.bpf_stats_enabled was turned off during the run "
-                                         "(by another process?)")
                     cost = run_cost(run, before, after, cpu1 - cpu0)
                     runs.append(cost)
                     log(f"{mode} probe cost run {i + 1}: {run.requests} requests ({run.rps:.0f}/s), "
@@ -284,11 +277,6 @@ def probe_cost(lab: Lab, config: Path, url: str) -> dict:
                 result[mode]["bpf_runs_per_request"] = median_by_prog(runs, "bpf_runs_per_request", 3)
         finally:
             agent.stop()
-    finally:
-        # Unless another process has turned it off since: writing back a saved 1 then
-        # would leave it on for good.
-        if BPF_STATS.read_text().strip() == "1":
-            BPF_STATS.write_text(old_stats)
     return {"runs": PROBE_COST_RUNS, **result}
 
 

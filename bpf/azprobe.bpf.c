@@ -1,12 +1,14 @@
 /* azprobe: per-path (source AZ -> destination AZ) TCP health from tracepoints only.
  *
- * Only tracepoint context fields are read (BCC builds the `args` structs from tracefs):
- * the installed kernel headers belong to another kernel, so struct sock offsets from
- * them would be wrong. Maps are per-CPU and cumulative; the agent sums CPUs and takes
- * deltas each interval. Dense ids (paths 0..AZP_MAX_PATHS-1) index per-CPU arrays: an
- * inlined lookup, no hashing, no lookup_or_try_init. Handlers never nest on one CPU (the
- * kernel skips a tracepoint program while another runs there), so per-CPU values take
- * plain increments.
+ * Never through the installed kernel headers' struct layouts: they belong to another
+ * kernel. The classic tracepoints' fields come from tracefs (BCC builds the `args`
+ * structs from it); the raw tracepoints' handlers (AZP_RAW_HOOKS) read the socket at
+ * offsets from the running kernel's BTF (agent/btf.py).
+ *
+ * Maps are cumulative; the agent sums CPUs and takes deltas each interval. Dense ids
+ * (paths 0..AZP_MAX_PATHS-1) index arrays: an inlined lookup, no hashing, no
+ * lookup_or_try_init. Handlers never nest on one CPU (the kernel skips a tracepoint
+ * program while another runs there), so per-CPU values take plain increments.
  */
 #include "azprobe.bpf.h"
 
@@ -272,8 +274,8 @@ static __always_inline void flow_cache_put(const struct flow_id *f, u32 path)
     e->valid = 1;
 }
 
-static __always_inline void emit(void *ctx, u8 kind, u32 path, const struct addr_pair *a,
-                                 u16 sport, u16 dport, u16 family)
+static __always_inline void emit(u8 kind, u32 path, const struct addr_pair *a, u16 sport, u16 dport,
+                                 u16 family)
 {
     struct azp_event ev = {};
     ev.ts_ns = bpf_ktime_get_ns();
@@ -292,27 +294,276 @@ static __always_inline void emit(void *ctx, u8 kind, u32 path, const struct addr
     }
 }
 
-/* Smoothed RTT per received segment on flows this node opened to an AZ: the per-segment
- * path. Segments of sockets whose local port is outside the node's ephemeral port range
+/* ---- what the handlers do, whichever hook feeds them -------------------------------- */
+
+/* Connect attempts, outcomes and latency from the socket state machine. */
+
+/* State changes that neither enter nor leave SYN_SENT (a server socket's whole life, a
+ * client's close) need nothing but a Loss mark forgotten: true when this is one. */
+static __always_inline int state_change_dismissed(u64 sk, int oldstate, int newstate)
+{
+    if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT) {
+        if (newstate == AZP_TCP_CLOSE)
+            forget_loss(sk);
+        return 1;
+    }
+    return 0;
+}
+
+/* A TCP socket entering or leaving SYN_SENT, its addresses and ports in hand. */
+static __always_inline void connect_state_change(u64 sk, int newstate, const struct addr_pair *addrs,
+                                                 u16 sport, u16 dport, u16 family)
+{
+    if (newstate == AZP_TCP_SYN_SENT) {
+        /* A flow this node opened before (a pool's new connection, a retry) has its
+         * path cached: no node-address check and no LPM lookups. The cache only holds
+         * flows that passed both, and the agent empties it whenever either changes. */
+        struct flow_id f = flow_of(addrs, dport);
+        struct azp_flow_slot *cached = flow_cache_get(&f);
+        u32 path;
+        if (cached) {
+            path = cached->path;
+        } else {
+            if (!node_owns(addrs->saddr)) /* node addresses */
+                return;
+            path = path_of(addrs);
+        }
+        u64 now_ns = bpf_ktime_get_ns();
+        struct azp_connect_slot *slot = connect_claim(sk, now_ns);
+        if (slot) {
+            slot->ts_ns = now_ns;
+            slot->path = path;
+            slot->got_reset = 0;
+        } else {
+            u32 zero = 0;
+            struct azp_probe_stats *st = probe_stats.lookup(&zero);
+            if (st)
+                st->untracked_connects += 1;
+        }
+        struct azp_path_counters *c = counters(path);
+        if (c)
+            c->conn_attempts += 1;
+        return;
+    }
+    /* Leaving SYN_SENT (the only case left): the connect's outcome. */
+    struct azp_connect_slot *found = connect_find(sk);
+    if (found) {
+        struct azp_connect_slot start = *found;
+        asm volatile("" ::: "memory"); /* the copy before the release */
+        found->sk = 0;
+        struct azp_path_counters *c = counters(start.path);
+        if (newstate == AZP_TCP_ESTABLISHED) {
+            /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
+            forget_loss(sk);
+            if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
+                struct flow_id f = flow_of(addrs, dport);
+                flow_cache_put(&f, start.path);
+            }
+            if (c)
+                c->conn_ok += 1;
+            connect_add(start.path, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
+        } else if (newstate == AZP_TCP_CLOSE) {
+            u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
+            if (c) {
+                if (start.got_reset)
+                    c->conn_refused += 1;
+                else
+                    c->conn_timeout += 1;
+            }
+            emit(kind, start.path, addrs, sport, dport, family);
+        }
+    }
+    if (newstate == AZP_TCP_CLOSE)
+        forget_loss(sk);
+}
+
+/* An RST while in SYN_SENT makes the coming SYN_SENT -> CLOSE a refusal. */
+static __always_inline void reset_received(u64 sk)
+{
+    struct azp_connect_slot *start = connect_find(sk);
+    if (start)
+        start->got_reset = 1;
+}
+
+/* RTO events: entries into TCP_CA_Loss, once per entry (the kernel re-sets Loss on every
+ * further timeout). The hook has no TCP state, so "in SYN_SENT" means "has a pending
+ * connect": those are SYN timeouts, kept apart from data RTOs. True when the change
+ * needs the socket's addresses (loss_entered). */
+static __always_inline int loss_needs_addrs(u64 sk, u8 cong_state)
+{
+    if (cong_state != AZP_TCP_CA_LOSS) {
+        forget_loss(sk);
+        return 0;
+    }
+    return !loss_marked(sk);
+}
+
+static __always_inline void loss_entered(u64 sk, const struct addr_pair *addrs, u16 sport, u16 dport, u16 family)
+{
+    if (!node_owns(addrs->saddr)) /* node addresses */
+        return;
+    u64 *mark = loss_slot(sk);
+    if (mark)
+        *mark = sk;
+    u32 path = path_of(addrs);
+    struct azp_path_counters *c = counters(path);
+    u8 kind = connect_find(sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
+    if (c) {
+        if (kind == AZP_EV_SYN_RTO)
+            c->syn_rto += 1;
+        else
+            c->rto += 1;
+    }
+    emit(kind, path, addrs, sport, dport, family);
+}
+
+/* RTT sampling ([agent] rtt_sample_ticks, docs/probe.md "RTT sampling"): only segments
+ * that arrive during one kernel tick in every AZP_RTT_SAMPLE_MASK + 1 go on. Whole ticks,
+ * not every Nth segment: the sampled segments come in bursts, so the flow-cache and
+ * RTT-row lines they touch are still in the cache for the next one; spreading the same
+ * number of samples evenly made each cost a miss (docs/probe.md has the figures).
+ * jiffies is one load, no clock read. */
+static __always_inline int rtt_tick_skipped(void)
+{
+#if AZP_RTT_SAMPLE_MASK
+    return (bpf_jiffies64() & AZP_RTT_SAMPLE_MASK) != 0;
+#else
+    return 0;
+#endif
+}
+
+/* Segments of sockets whose local port is outside the node's ephemeral port range
  * (accepted server sockets: their local port is the service's) cannot be in the flow
- * cache, so they are dropped from the context alone, before any map is touched: on a
- * busy machine every map line a handler touches costs a cache miss. */
-TRACEPOINT_PROBE(tcp, tcp_probe)
+ * cache: dropped before any map is touched. */
+static __always_inline int port_not_ephemeral(u16 sport)
 {
 #ifdef AZP_EPHEMERAL_LO
-    if (args->sport < AZP_EPHEMERAL_LO || args->sport > AZP_EPHEMERAL_HI)
-        return 0;
+    return sport < AZP_EPHEMERAL_LO || sport > AZP_EPHEMERAL_HI;
+#else
+    return 0;
 #endif
-#if AZP_RTT_SAMPLE_MASK
-    /* RTT sampling ([agent] rtt_sample_ticks, docs/probe.md "RTT sampling"): only
-     * segments that arrive during one kernel tick in every AZP_RTT_SAMPLE_MASK + 1 go
-     * on. Whole ticks, not every Nth segment: the sampled segments come in bursts, so
-     * the flow-cache and RTT-row lines they touch are still in the cache for the next
-     * one; spreading the same number of samples evenly made each cost a miss
-     * (docs/probe.md has the figures). jiffies is one load, no clock read. */
-    if (bpf_jiffies64() & AZP_RTT_SAMPLE_MASK)
+}
+
+#ifdef AZP_RAW_HOOKS
+/* ---- raw tracepoints (docs/probe.md "What a connection costs") ----------------------
+ * The kernel hands the program its own arguments: no trace record is built for the
+ * event (measured ~190 ns per event less than a classic tracepoint, empty program on
+ * both), and changes that need nothing are dismissed on the arguments alone. The few
+ * socket fields a handler needs are read at offsets from the running kernel's BTF
+ * (agent/btf.py), the values the classic tracepoints copy into their records. */
+
+/* The socket's addresses (IPv4 as ::ffff:a.b.c.d), local port (host order), remote port
+ * and family; 0 for a family other than IPv4/IPv6. Two reads, not one per field: the
+ * IPv4 fields lie within the first AZP_SK_HEAD_LEN bytes, the IPv6 addresses within
+ * AZP_SK_V6_LEN bytes from AZP_SK_V6_BASE (agent/btf.py checks both). */
+struct sock_head {
+    u8 bytes[AZP_SK_HEAD_LEN];
+};
+
+static __always_inline u16 head_u16(const struct sock_head *h, u32 off)
+{
+    u16 v;
+    __builtin_memcpy(&v, &h->bytes[off], 2);
+    return v;
+}
+
+static __always_inline int sock_addrs(const u8 *sk, const struct sock_head *h, struct addr_pair *addrs)
+{
+    u16 family = head_u16(h, AZP_SK_FAMILY);
+    if (family == AZP_AF_INET) {
+        __builtin_memset(addrs, 0, sizeof(*addrs));
+        addrs->saddr[10] = addrs->saddr[11] = 0xff;
+        addrs->daddr[10] = addrs->daddr[11] = 0xff;
+        __builtin_memcpy(&addrs->saddr[12], &h->bytes[AZP_SK_RCV_SADDR], 4);
+        __builtin_memcpy(&addrs->daddr[12], &h->bytes[AZP_SK_DADDR], 4);
+        return 1;
+    }
+    if (family == AZP_AF_INET6) {
+        u8 v6[AZP_SK_V6_LEN];
+        bpf_probe_read_kernel(v6, sizeof(v6), sk + AZP_SK_V6_BASE);
+        __builtin_memcpy(addrs->saddr, &v6[AZP_SK_V6_RCV_SADDR - AZP_SK_V6_BASE], 16);
+        __builtin_memcpy(addrs->daddr, &v6[AZP_SK_V6_DADDR - AZP_SK_V6_BASE], 16);
+        return 1;
+    }
+    return 0;
+}
+
+/* TP_PROTO(const struct sock *sk, const struct sk_buff *skb): every received segment. */
+RAW_TRACEPOINT_PROBE(tcp_probe)
+{
+    if (rtt_tick_skipped()) /* before any read: the common case touches nothing */
         return 0;
-#endif
+    const u8 *sk = (const u8 *)ctx->args[0];
+    struct sock_head h;
+    bpf_probe_read_kernel(&h, sizeof(h), sk);
+    if (port_not_ephemeral(head_u16(&h, AZP_SK_NUM)))
+        return 0;
+    struct addr_pair addrs;
+    if (!sock_addrs(sk, &h, &addrs))
+        return 0;
+    struct flow_id f = flow_of(&addrs, bpf_ntohs(head_u16(&h, AZP_SK_DPORT)));
+    struct azp_flow_slot *e = flow_cache_get(&f);
+    if (!e)
+        return 0;
+    u32 srtt_us8 = 0; /* tcp_sock.srtt_us holds 8 x the smoothed RTT in µs */
+    bpf_probe_read_kernel(&srtt_us8, sizeof(srtt_us8), sk + AZP_TP_SRTT_US);
+    rtt_add(e->path, azp_bucket_index(srtt_us8 >> 3), 1);
+    return 0;
+}
+
+/* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate) */
+RAW_TRACEPOINT_PROBE(inet_sock_set_state)
+{
+    u64 sk = ctx->args[0];
+    int newstate = (int)ctx->args[2];
+    if (state_change_dismissed(sk, (int)ctx->args[1], newstate))
+        return 0;
+    const u8 *base = (const u8 *)sk;
+    u16 protocol = 0;
+    bpf_probe_read_kernel(&protocol, sizeof(protocol), base + AZP_SK_PROTOCOL);
+    if (protocol != AZP_IPPROTO_TCP)
+        return 0;
+    struct sock_head h;
+    bpf_probe_read_kernel(&h, sizeof(h), base);
+    struct addr_pair addrs;
+    if (!sock_addrs(base, &h, &addrs))
+        return 0;
+    connect_state_change(sk, newstate, &addrs, head_u16(&h, AZP_SK_NUM), bpf_ntohs(head_u16(&h, AZP_SK_DPORT)),
+                         head_u16(&h, AZP_SK_FAMILY));
+    return 0;
+}
+
+/* TP_PROTO(struct sock *sk) */
+RAW_TRACEPOINT_PROBE(tcp_receive_reset)
+{
+    reset_received(ctx->args[0]);
+    return 0;
+}
+
+/* TP_PROTO(struct sock *sk, const u8 ca_state) */
+RAW_TRACEPOINT_PROBE(tcp_cong_state_set)
+{
+    u64 sk = ctx->args[0];
+    if (!loss_needs_addrs(sk, (u8)ctx->args[1]))
+        return 0;
+    const u8 *base = (const u8 *)sk;
+    struct sock_head h;
+    bpf_probe_read_kernel(&h, sizeof(h), base);
+    struct addr_pair addrs;
+    if (!sock_addrs(base, &h, &addrs))
+        return 0;
+    loss_entered(sk, &addrs, head_u16(&h, AZP_SK_NUM), bpf_ntohs(head_u16(&h, AZP_SK_DPORT)),
+                 head_u16(&h, AZP_SK_FAMILY));
+    return 0;
+}
+
+#else
+/* ---- classic tracepoints, where the kernel's BTF cannot give the offsets ------------ */
+
+TRACEPOINT_PROBE(tcp, tcp_probe)
+{
+    if (port_not_ephemeral(args->sport) || rtt_tick_skipped())
+        return 0;
     struct flow_id f = {.dport = args->dport};
     /* saddr/daddr hold a sockaddr_in (address at 4) or sockaddr_in6 (address at 8). */
     if (args->family == AZP_AF_INET) {
@@ -331,105 +582,45 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
         return 0;
     }
     struct azp_flow_slot *e = flow_cache_get(&f);
-    if (!e)
-        return 0;
-    rtt_add(e->path, azp_bucket_index(args->srtt), 1);
+    if (e)
+        rtt_add(e->path, azp_bucket_index(args->srtt), 1);
     return 0;
 }
 
-/* Connect attempts, outcomes and latency from the socket state machine. */
 TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     if (args->protocol != AZP_IPPROTO_TCP)
         return 0;
     u64 sk = (u64)args->skaddr;
     int newstate = args->newstate;
-    int oldstate = args->oldstate;
-    if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT) {
-        /* Most changes (a server socket's whole life, a client's close): only a Loss
-         * mark may need forgetting, and the addresses are not even copied. */
-        if (newstate == AZP_TCP_CLOSE)
-            forget_loss(sk);
+    if (state_change_dismissed(sk, args->oldstate, newstate))
         return 0;
-    }
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
-
-    if (newstate == AZP_TCP_SYN_SENT) {
-        /* A flow this node opened before (a pool's new connection, a retry) has its
-         * path cached: no node-address check and no LPM lookups. The cache only holds
-         * flows that passed both, and the agent empties it whenever either changes. */
-        struct flow_id f = flow_of(&addrs, args->dport);
-        struct azp_flow_slot *cached = flow_cache_get(&f);
-        u32 path;
-        if (cached) {
-            path = cached->path;
-        } else {
-            if (!node_owns(addrs.saddr)) /* node addresses */
-                return 0;
-            path = path_of(&addrs);
-        }
-        u64 now_ns = bpf_ktime_get_ns();
-        struct azp_connect_slot *slot = connect_claim(sk, now_ns);
-        if (slot) {
-            slot->ts_ns = now_ns;
-            slot->path = path;
-            slot->got_reset = 0;
-        } else {
-            u32 zero = 0;
-            struct azp_probe_stats *st = probe_stats.lookup(&zero);
-            if (st)
-                st->untracked_connects += 1;
-        }
-        struct azp_path_counters *c = counters(path);
-        if (c)
-            c->conn_attempts += 1;
-        return 0;
-    }
-    /* Leaving SYN_SENT (the only case left): the connect's outcome. */
-    struct azp_connect_slot *found = connect_find(sk);
-    if (found) {
-        struct azp_connect_slot start = *found;
-        asm volatile("" ::: "memory"); /* the copy before the release */
-        found->sk = 0;
-        struct azp_path_counters *c = counters(start.path);
-        if (newstate == AZP_TCP_ESTABLISHED) {
-            /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
-            forget_loss(sk);
-            if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
-                struct flow_id f = flow_of(&addrs, args->dport);
-                flow_cache_put(&f, start.path);
-            }
-            if (c)
-                c->conn_ok += 1;
-            connect_add(start.path, (bpf_ktime_get_ns() - start.ts_ns) / 1000);
-        } else if (newstate == AZP_TCP_CLOSE) {
-            u8 kind = start.got_reset ? AZP_EV_CONN_REFUSED : AZP_EV_CONN_TIMEOUT;
-            if (c) {
-                if (start.got_reset)
-                    c->conn_refused += 1;
-                else
-                    c->conn_timeout += 1;
-            }
-            emit(args, kind, start.path, &addrs, args->sport,
-                 args->dport, args->family);
-        }
-    }
-    if (newstate == AZP_TCP_CLOSE)
-        forget_loss(sk);
+    connect_state_change(sk, newstate, &addrs, args->sport, args->dport, args->family);
     return 0;
 }
 
-/* An RST while in SYN_SENT makes the coming SYN_SENT -> CLOSE a refusal. */
 TRACEPOINT_PROBE(tcp, tcp_receive_reset)
 {
-    u64 sk = (u64)args->skaddr;
-    struct azp_connect_slot *start = connect_find(sk);
-    if (start)
-        start->got_reset = 1;
+    reset_received((u64)args->skaddr);
     return 0;
 }
 
+TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
+{
+    u64 sk = (u64)args->skaddr;
+    if (!loss_needs_addrs(sk, args->cong_state))
+        return 0;
+    struct addr_pair addrs;
+    COPY_ADDRS(addrs, args);
+    loss_entered(sk, &addrs, args->sport, args->dport, args->family);
+    return 0;
+}
+#endif
+
+/* Retransmits stay on the classic tracepoint: they are rare (no cost worth a second
+ * variant), and whether the raw arguments carry `err` depends on the kernel. */
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
 #ifdef AZP_HAVE_RETRANSMIT_ERR
@@ -448,41 +639,8 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     c->retrans += 1;
     if (args->state == AZP_TCP_SYN_SENT) {
         c->syn_retrans += 1;
-        emit(args, AZP_EV_SYN_RETRANS, path, &addrs, args->sport,
+        emit(AZP_EV_SYN_RETRANS, path, &addrs, args->sport,
              args->dport, args->family);
     }
-    return 0;
-}
-
-/* RTO events: entries into TCP_CA_Loss, once per entry (the kernel re-sets Loss on every
- * further timeout). The tracepoint has no TCP state, so "in SYN_SENT" means "has a
- * pending connect": those are SYN timeouts, kept apart from data RTOs. */
-TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
-{
-    u64 sk = (u64)args->skaddr;
-    if (args->cong_state != AZP_TCP_CA_LOSS) {
-        forget_loss(sk);
-        return 0;
-    }
-    if (loss_marked(sk))
-        return 0;
-    struct addr_pair addrs;
-    COPY_ADDRS(addrs, args);
-    if (!node_owns(addrs.saddr)) /* node addresses */
-        return 0;
-    u64 *mark = loss_slot(sk);
-    if (mark)
-        *mark = sk;
-    u32 path = path_of(&addrs);
-    struct azp_path_counters *c = counters(path);
-    u8 kind = connect_find(sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
-    if (c) {
-        if (kind == AZP_EV_SYN_RTO)
-            c->syn_rto += 1;
-        else
-            c->rto += 1;
-    }
-    emit(args, kind, path, &addrs, args->sport, args->dport,
-         args->family);
     return 0;
 }

@@ -204,6 +204,52 @@ def test_connects_and_rtt_on_the_right_path(agent):
         server.close()
 
 
+def test_hooks_are_raw_where_the_kernel_has_btf(agent):
+    # This kernel has BTF: the handlers hook raw tracepoints and read the socket at BTF
+    # offsets. The other tests of this module count and attribute through them (IPv4 and
+    # IPv6 addresses, ports in the refusal events, srtt).
+    assert agent.probe.raw_hooks
+    for hook in ("tcp_probe", "inet_sock_set_state", "tcp_receive_reset", "tcp_cong_state_set"):
+        assert f"raw_tracepoint__{hook}".encode() in agent.probe.bpf.funcs
+
+
+def test_without_btf_the_classic_tracepoints_count_alike(config_file, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="azprobe.agent.probe"):
+        probe = Probe.load(btf_path=tmp_path / "no-vmlinux")
+    assert not probe.raw_hooks
+    assert b"tracepoint__sock__inet_sock_set_state" in probe.bpf.funcs
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("hooks:")] == [
+        f"hooks: classic tracepoints, not raw ones (cannot read {tmp_path / 'no-vmlinux'}: No such file or directory)"]
+    server = EchoServer(B)
+    port = _closed_port(C)
+    # A listener whose accept queue is full drops SYNs: a SYN timeout.
+    listener = socket.socket()
+    listener.bind((C, 0))
+    listener.listen(0)
+    filler = socket.create_connection((C, listener.getsockname()[1]), timeout=5, source_address=(A, 0))
+    try:
+        with running_agent(config_file, probe=probe) as agent:
+            start = latest_seq(agent)
+            events_before = max((e["id"] for e in agent.events_doc(0)["events"]), default=0)
+            assert [_connect(B, server.port, payload=b"z") for _ in range(3)] == ["ok"] * 3
+            assert [_connect(C, port, family=socket.AF_INET6) for _ in range(2)] == ["refused"] * 2
+            assert _connect(C, listener.getsockname()[1], syncnt=1, timeout=10) == "timeout"
+            assert _settle(agent, start, "az-a", "az-b", "conn_ok", 3) == 3
+            assert _settle(agent, start, "az-a", "az-c", "conn_refused", 2) == 2
+            events = [e for e in agent.events_doc(events_before)["events"] if e["daddr"] == C and e["dport"] == port]
+            assert [e["kind"] for e in events] == ["conn_refused"] * 2
+            assert _settle(agent, start, "az-a", "az-c", "conn_timeout", 1) == 1
+            assert agent.path_totals()[("az-a", "az-c")]["syn_rto"] >= 1  # tcp_cong_state_set
+            assert path_total(agent, start, "az-a", "az-c", "rto") == 0
+            wait_for(lambda: _echo_rtt_samples(agent, start, server, "az-a", "az-b") >= 3, timeout=30,
+                     interval=0.05, message="3 srtt samples on az-a->az-b")  # tcp_probe
+    finally:
+        filler.close()
+        listener.close()
+        server.close()
+        probe.close()
+
+
 def test_refusals_counted_on_their_path_with_events(agent):
     port = _closed_port(C)
     start = latest_seq(agent)

@@ -57,9 +57,15 @@ def test_tracepoint_checks_against_a_fake_tracefs(tmp_path):
 
 
 def test_btf_check(tmp_path):
+    from tests.unit.test_agent_btf import kernel_like_sock
+
     assert doctor.check_btf(tmp_path / "vmlinux").status == "fail"
     (tmp_path / "vmlinux").write_bytes(b"")
-    assert doctor.check_btf(tmp_path / "vmlinux").status == "ok"
+    unreadable = doctor.check_btf(tmp_path / "vmlinux")
+    assert unreadable.status == "warn" and "classic tracepoint" in unreadable.detail
+    (tmp_path / "vmlinux").write_bytes(kernel_like_sock())
+    readable = doctor.check_btf(tmp_path / "vmlinux")
+    assert readable.status == "ok" and "raw tracepoint" in readable.detail
 
 
 def test_render_shows_fix_only_for_problems():

@@ -1,0 +1,208 @@
+"""Struct member offsets from the running kernel's BTF (/sys/kernel/btf/vmlinux).
+
+The probe's raw `inet_sock_set_state` handler reads a few `struct sock` fields itself
+(docs/probe.md "What a connection costs"). The installed kernel headers belong to another
+kernel, so their offsets would be wrong; the kernel's own type information is not. This
+reads just enough of the BTF format (include/uapi/linux/btf.h) to find a struct by name
+and a member's byte offset and size, looking through anonymous unions and structs the
+way C does. Pure: bytes in, numbers out.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+BTF_MAGIC = 0xEB9F
+
+# BTF kinds (btf.h) and the bytes of trailing data each has after its 12-byte header.
+KIND_INT, KIND_PTR, KIND_ARRAY, KIND_STRUCT, KIND_UNION, KIND_ENUM = 1, 2, 3, 4, 5, 6
+KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT = 8, 9, 10, 11
+KIND_FUNC_PROTO, KIND_VAR, KIND_DATASEC, KIND_DECL_TAG, KIND_TYPE_TAG, KIND_ENUM64 = 13, 14, 15, 17, 18, 19
+_FIXED_EXTRA = {KIND_INT: 4, KIND_ARRAY: 12, KIND_VAR: 4, KIND_DECL_TAG: 4}
+_PER_VLEN_EXTRA = {KIND_STRUCT: 12, KIND_UNION: 12, KIND_ENUM: 8, KIND_FUNC_PROTO: 8, KIND_DATASEC: 12,
+                   KIND_ENUM64: 12}
+_MODIFIERS = (KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT, KIND_TYPE_TAG)
+_MAX_DEPTH = 32  # modifier chains and anonymous nesting: a bound, not a real-world limit
+
+
+class BTFError(ValueError):
+    """The BTF is unreadable, or lacks what was asked for."""
+
+
+@dataclass(frozen=True)
+class Member:
+    offset: int  # bytes from the start of the outer struct
+    size: int    # bytes
+
+
+@dataclass(frozen=True)
+class _Type:
+    kind: int
+    name_off: int
+    vlen: int
+    kind_flag: bool
+    size_or_type: int
+    extra: int  # offset of the trailing data in the type section
+
+
+class BTF:
+    """One parsed BTF blob (the types are indexed, members read on demand)."""
+
+    def __init__(self, blob: bytes) -> None:
+        if len(blob) < 24:
+            raise BTFError("BTF blob shorter than its header")
+        magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = struct.unpack_from("<HBBIIIII", blob)
+        if magic != BTF_MAGIC:
+            raise BTFError(f"not BTF (magic {magic:#x}; big-endian BTF is not supported)")
+        types_at, strings_at = hdr_len + type_off, hdr_len + str_off
+        if types_at + type_len > len(blob) or strings_at + str_len > len(blob):
+            raise BTFError("BTF sections run past the end of the blob")
+        self._blob = blob
+        self._strings = (strings_at, strings_at + str_len)
+        self._types: list[_Type | None] = [None]  # type id 0 is void
+        pos, end = types_at, types_at + type_len
+        while pos < end:
+            name_off, info, size_or_type = struct.unpack_from("<III", blob, pos)
+            kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+            extra = _FIXED_EXTRA.get(kind, 0) + _PER_VLEN_EXTRA.get(kind, 0) * vlen
+            self._types.append(_Type(kind, name_off, vlen, bool(info >> 31), size_or_type, pos + 12))
+            pos += 12 + extra
+        if pos != end:
+            raise BTFError("BTF type section does not end on a type boundary")
+
+    @classmethod
+    def from_file(cls, path: Path = VMLINUX_BTF) -> "BTF":
+        try:
+            return cls(path.read_bytes())
+        except OSError as exc:
+            raise BTFError(f"cannot read {path}: {exc.strerror}") from None
+
+    def _name(self, name_off: int) -> str:
+        start, end = self._strings
+        at = start + name_off
+        if at >= end:
+            raise BTFError(f"BTF name offset {name_off} outside the string section")
+        return self._blob[at:self._blob.index(b"\0", at, end)].decode("ascii", "replace")
+
+    def _type(self, type_id: int) -> _Type:
+        if not 0 < type_id < len(self._types):
+            raise BTFError(f"BTF type id {type_id} does not exist")
+        return self._types[type_id]  # type: ignore[return-value]
+
+    def struct_id(self, name: str) -> int:
+        """The id of the struct called `name`."""
+        for type_id, t in enumerate(self._types):
+            if t is not None and t.kind == KIND_STRUCT and t.name_off and self._name(t.name_off) == name:
+                return type_id
+        raise BTFError(f"the kernel's BTF has no struct {name}")
+
+    def size_of(self, type_id: int) -> int:
+        """Bytes of a type, through typedefs and qualifiers."""
+        for _ in range(_MAX_DEPTH):
+            t = self._type(type_id)
+            if t.kind in _MODIFIERS:
+                type_id = t.size_or_type
+                continue
+            if t.kind in (KIND_INT, KIND_STRUCT, KIND_UNION, KIND_ENUM, KIND_ENUM64):
+                return t.size_or_type
+            if t.kind == KIND_PTR:
+                return 8
+            if t.kind == KIND_ARRAY:
+                elem, _index, count = struct.unpack_from("<III", self._blob, t.extra)
+                return self.size_of(elem) * count
+            raise BTFError(f"BTF type id {type_id} (kind {t.kind}) has no size")
+        raise BTFError("BTF type chain too deep")
+
+    def member(self, struct_id: int, name: str, _depth: int = 0) -> Member:
+        """Byte offset and size of member `name` of a struct or union, also when it sits
+        in an anonymous union or struct (as `skc_daddr` in `struct sock_common` does)."""
+        if _depth > _MAX_DEPTH:
+            raise BTFError("BTF anonymous members nested too deep")
+        t = self._type(struct_id)
+        if t.kind not in (KIND_STRUCT, KIND_UNION):
+            raise BTFError(f"BTF type id {struct_id} is not a struct or union")
+        for i in range(t.vlen):
+            name_off, member_type, offset = struct.unpack_from("<III", self._blob, t.extra + 12 * i)
+            bits = offset & 0xFFFFFF if t.kind_flag else offset
+            if t.kind_flag and offset >> 24:
+                continue  # a bitfield: never what the probe reads
+            if name_off and self._name(name_off) == name:
+                if bits % 8:
+                    raise BTFError(f"member {name} is not byte-aligned")
+                return Member(bits // 8, self.size_of(member_type))
+            if not name_off:
+                inner = self._unqualified(member_type)
+                if self._type(inner).kind in (KIND_STRUCT, KIND_UNION):
+                    try:
+                        found = self.member(inner, name, _depth + 1)
+                    except BTFError:
+                        continue
+                    return Member(bits // 8 + found.offset, found.size)
+        raise BTFError(f"no member {name} in BTF type id {struct_id}")
+
+    def _unqualified(self, type_id: int) -> int:
+        for _ in range(_MAX_DEPTH):
+            t = self._type(type_id)
+            if t.kind not in _MODIFIERS:
+                return type_id
+            type_id = t.size_or_type
+        raise BTFError("BTF type chain too deep")
+
+
+# What the raw handlers read: (struct, member, expected size, -D name). struct sock
+# begins with its struct sock_common (`__sk_common`), and struct tcp_sock with its struct
+# sock (inet_conn.icsk_inet.sk), so every offset is one from the socket's address; that
+# is checked, not assumed.
+SOCK_FIELDS = (
+    ("sock_common", "skc_daddr", 4, "AZP_SK_DADDR"),
+    ("sock_common", "skc_rcv_saddr", 4, "AZP_SK_RCV_SADDR"),
+    ("sock_common", "skc_dport", 2, "AZP_SK_DPORT"),
+    ("sock_common", "skc_num", 2, "AZP_SK_NUM"),
+    ("sock_common", "skc_family", 2, "AZP_SK_FAMILY"),
+    ("sock_common", "skc_v6_daddr", 16, "AZP_SK_V6_DADDR"),
+    ("sock_common", "skc_v6_rcv_saddr", 16, "AZP_SK_V6_RCV_SADDR"),
+    ("sock", "sk_protocol", 2, "AZP_SK_PROTOCOL"),
+    ("tcp_sock", "srtt_us", 4, "AZP_TP_SRTT_US"),
+)
+# Each struct's first member, down to struct sock_common.
+PREFIX_CHAIN = (("tcp_sock", "inet_conn"), ("inet_connection_sock", "icsk_inet"), ("inet_sock", "sk"),
+                ("sock", "__sk_common"))
+
+
+HEAD_FIELDS = ("AZP_SK_DADDR", "AZP_SK_RCV_SADDR", "AZP_SK_DPORT", "AZP_SK_NUM", "AZP_SK_FAMILY")
+V6_FIELDS = ("AZP_SK_V6_DADDR", "AZP_SK_V6_RCV_SADDR")
+MAX_HEAD_LEN = 32  # 18 on every kernel since 2.6: addresses, hash, ports, family
+MAX_V6_LEN = 64    # 32 where the two addresses are neighbours, as they have always been
+
+
+def sock_offsets(btf: BTF) -> dict[str, int]:
+    """The -D name -> byte offset in `struct sock` of every field in SOCK_FIELDS; BTFError
+    naming the first field that is missing or not the size the handler reads."""
+    ids = {name: btf.struct_id(name) for name, _ in PREFIX_CHAIN}
+    ids["sock_common"] = btf.struct_id("sock_common")
+    for name, first in PREFIX_CHAIN:
+        at = btf.member(ids[name], first).offset
+        if at != 0:
+            raise BTFError(f"struct {name}'s {first} is at offset {at}, not 0")
+    out, ends = {}, {}
+    for struct_name, field, size, define in SOCK_FIELDS:
+        m = btf.member(ids[struct_name], field)
+        if m.size != size:
+            raise BTFError(f"struct {struct_name}.{field} is {m.size} bytes, the probe reads {size}")
+        out[define] = m.offset
+        ends[define] = m.offset + m.size
+    # The handler reads the IPv4 fields as one block from the socket's start, and the two
+    # IPv6 addresses as one block: both must be small for that to be cheap.
+    out["AZP_SK_HEAD_LEN"] = max(ends[d] for d in HEAD_FIELDS)
+    if out["AZP_SK_HEAD_LEN"] > MAX_HEAD_LEN:
+        raise BTFError(f"struct sock_common's IPv4 fields end at byte {out['AZP_SK_HEAD_LEN']}, "
+                       f"past the {MAX_HEAD_LEN} the probe reads in one go")
+    out["AZP_SK_V6_BASE"] = min(out[d] for d in V6_FIELDS)
+    out["AZP_SK_V6_LEN"] = max(ends[d] for d in V6_FIELDS) - out["AZP_SK_V6_BASE"]
+    if out["AZP_SK_V6_LEN"] > MAX_V6_LEN:
+        raise BTFError(f"struct sock_common's IPv6 addresses span {out['AZP_SK_V6_LEN']} bytes, "
+                       f"more than the {MAX_V6_LEN} the probe reads in one go")
+    return out
