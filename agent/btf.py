@@ -1,7 +1,7 @@
 """Struct member offsets from the running kernel's BTF (/sys/kernel/btf/vmlinux).
 
-The probe's raw `inet_sock_set_state` handler reads a few `struct sock` fields itself
-(docs/probe.md "What a connection costs"). The installed kernel headers belong to another
+The probe's raw tracepoint handlers read a few socket fields themselves (docs/probe.md
+"Raw tracepoints"). The installed kernel headers belong to another
 kernel, so their offsets would be wrong; the kernel's own type information is not. This
 reads just enough of the BTF format (include/uapi/linux/btf.h) to find a struct by name
 and a member's byte offset and size, looking through anonymous unions and structs the
@@ -65,6 +65,8 @@ class BTF:
         self._types: list[_Type | None] = [None]  # type id 0 is void
         pos, end = types_at, types_at + type_len
         while pos < end:
+            if pos + 12 > end:
+                raise BTFError("BTF type section ends inside a type")
             name_off, info, size_or_type = struct.unpack_from("<III", blob, pos)
             kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
             extra = _FIXED_EXTRA.get(kind, 0) + _PER_VLEN_EXTRA.get(kind, 0) * vlen
@@ -83,9 +85,10 @@ class BTF:
     def _name(self, name_off: int) -> str:
         start, end = self._strings
         at = start + name_off
-        if at >= end:
+        stop = self._blob.find(b"\0", at, end)
+        if at >= end or stop < 0:
             raise BTFError(f"BTF name offset {name_off} outside the string section")
-        return self._blob[at:self._blob.index(b"\0", at, end)].decode("ascii", "replace")
+        return self._blob[at:stop].decode("ascii", "replace")
 
     def _type(self, type_id: int) -> _Type:
         if not 0 < type_id < len(self._types):

@@ -156,7 +156,7 @@ class Probe:
         rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment.
         `connect_set_bits`: log2 of the sets of connects in flight (default: azprobe.h's);
         tests shrink it to fill a set on purpose. `btf_path`: the kernel's BTF, for the raw
-        inet_sock_set_state hook (tests point it at nothing to get the classic one)."""
+        hooks' socket offsets (tests point it at nothing to get the classic hooks)."""
         if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
             raise ValueError(f"rtt_sample_ticks must be one of {RTT_SAMPLE_TICKS}, not {rtt_sample_ticks}")
         if connect_set_bits is None:

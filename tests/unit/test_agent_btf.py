@@ -118,6 +118,7 @@ def test_a_missing_member_names_itself():
     (b"\x9f\xeb", "shorter than its header"),
     (BlobBuilder().blob(magic=0x9FEB), "not BTF"),
     (kernel_like_sock()[:-40], "run past the end"),
+    (struct.pack("<HBBIIIII", btf.BTF_MAGIC, 1, 0, 24, 0, 4, 4, 1) + bytes(5), "ends inside a type"),
 ])
 def test_an_unreadable_blob_is_one_clear_error(blob, message):
     with pytest.raises(BTFError, match=message):
