@@ -19,7 +19,7 @@
 /* Per-socket state the state-change handlers keep in arrays indexed by a hash of the
  * socket's address, not in hash maps: an LRU-hash update, lookup or delete cost ~250-
  * 350 ns each here, an array slot one line (docs/probe.md "What a connection costs").
- * Connects in flight: AZP_CONNECT_SETS sets of 2 slots (32 bytes each, a set is one
+ * Connects in flight: 1 << AZP_CONNECT_SET_BITS sets of 2 slots (32 bytes each, a set is one
  * line); a connect that finds both slots of its set held is not tracked (counted in
  * probe_stats.untracked_connects). 64 KB. */
 #ifndef AZP_CONNECT_SET_BITS /* the agent passes it (Probe.load); tests shrink it */
