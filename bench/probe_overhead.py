@@ -2,8 +2,9 @@
 """Probe overhead under a fixed lab load.
 
 Runs `azprobe agent` (subprocess) on a lab with a fixed traffic mix, loads bpf/empty.bpf.c
-(an empty tcp:tcp_probe handler) in this process as the baseline, enables bpf_stats for
-the run (restored after), and measures over DURATION_S:
+(an empty tcp_probe handler, on the hook kind the agent uses: raw where the kernel's BTF
+gives the socket offsets) in this process as the baseline, holds BPF run-time stats on
+for the run (BPF_ENABLE_STATS, released after), and measures over DURATION_S:
   - ns_per_event per azprobe handler (run_time_ns / run_cnt deltas, from the agent's
     /metrics, which reads its own /proc/self/fdinfo) and empty_ns_per_event (ours);
   - the programs on one tracepoint run in attach order, and the first pays about 60 ns

@@ -7,8 +7,11 @@
  *
  * Maps are cumulative; the agent sums CPUs and takes deltas each interval. Dense ids
  * (paths 0..AZP_MAX_PATHS-1) index arrays: an inlined lookup, no hashing, no
- * lookup_or_try_init. Handlers never nest on one CPU (the kernel skips a tracepoint
- * program while another runs there), so per-CPU values take plain increments.
+ * lookup_or_try_init. A handler never nests in itself on one CPU (the kernel skips a
+ * program already running there), but on raw hooks one handler can interrupt another
+ * (a softirq's tcp_probe inside a connect()'s inet_sock_set_state). So every per-CPU
+ * field is written by one handler only and takes plain increments; the one that several
+ * write (probe_stats.ring_drops) takes an atomic add.
  */
 #include "azprobe.bpf.h"
 
@@ -289,8 +292,8 @@ static __always_inline void emit(u8 kind, u32 path, const struct addr_pair *a, u
     if (events.ringbuf_output(&ev, sizeof(ev), 0) != 0) {
         u32 zero = 0;
         struct azp_probe_stats *st = probe_stats.lookup(&zero);
-        if (st)
-            st->ring_drops += 1;
+        if (st) /* every handler that emits writes it: atomic, see the top of the file */
+            __sync_fetch_and_add(&st->ring_drops, 1);
     }
 }
 
@@ -452,10 +455,9 @@ static __always_inline int port_not_ephemeral(u16 sport)
  * socket fields a handler needs are read at offsets from the running kernel's BTF
  * (agent/btf.py), the values the classic tracepoints copy into their records. */
 
-/* The socket's addresses (IPv4 as ::ffff:a.b.c.d), local port (host order), remote port
- * and family; 0 for a family other than IPv4/IPv6. Two reads, not one per field: the
- * IPv4 fields lie within the first AZP_SK_HEAD_LEN bytes, the IPv6 addresses within
- * AZP_SK_V6_LEN bytes from AZP_SK_V6_BASE (agent/btf.py checks both). */
+/* The socket's first AZP_SK_HEAD_LEN bytes: both IPv4 addresses, both ports, the family.
+ * Two reads, not one per field: the IPv6 addresses lie within AZP_SK_V6_LEN bytes from
+ * AZP_SK_V6_BASE (agent/btf.py checks both spans). */
 struct sock_head {
     u8 bytes[AZP_SK_HEAD_LEN];
 };
@@ -467,6 +469,7 @@ static __always_inline u16 head_u16(const struct sock_head *h, u32 off)
     return v;
 }
 
+/* The socket's addresses (IPv4 as ::ffff:a.b.c.d); 0 for a family other than IPv4/IPv6. */
 static __always_inline int sock_addrs(const u8 *sk, const struct sock_head *h, struct addr_pair *addrs)
 {
     u16 family = head_u16(h, AZP_SK_FAMILY);
@@ -486,6 +489,24 @@ static __always_inline int sock_addrs(const u8 *sk, const struct sock_head *h, s
         return 1;
     }
     return 0;
+}
+
+/* A socket's addresses, ports (local in host order) and family, for the handlers that
+ * need all of them (tcp_probe reads the head itself: it drops most segments on the local
+ * port before any address is built); 0 for a family other than IPv4/IPv6. */
+struct sock_endpoints {
+    struct addr_pair addrs;
+    u16 sport, dport, family;
+};
+
+static __always_inline int read_endpoints(const u8 *sk, struct sock_endpoints *ep)
+{
+    struct sock_head h;
+    bpf_probe_read_kernel(&h, sizeof(h), sk);
+    ep->sport = head_u16(&h, AZP_SK_NUM);
+    ep->dport = bpf_ntohs(head_u16(&h, AZP_SK_DPORT));
+    ep->family = head_u16(&h, AZP_SK_FAMILY);
+    return sock_addrs(sk, &h, &ep->addrs);
 }
 
 /* TP_PROTO(const struct sock *sk, const struct sk_buff *skb): every received segment. */
@@ -523,13 +544,9 @@ RAW_TRACEPOINT_PROBE(inet_sock_set_state)
     bpf_probe_read_kernel(&protocol, sizeof(protocol), base + AZP_SK_PROTOCOL);
     if (protocol != AZP_IPPROTO_TCP)
         return 0;
-    struct sock_head h;
-    bpf_probe_read_kernel(&h, sizeof(h), base);
-    struct addr_pair addrs;
-    if (!sock_addrs(base, &h, &addrs))
-        return 0;
-    connect_state_change(sk, newstate, &addrs, head_u16(&h, AZP_SK_NUM), bpf_ntohs(head_u16(&h, AZP_SK_DPORT)),
-                         head_u16(&h, AZP_SK_FAMILY));
+    struct sock_endpoints ep;
+    if (read_endpoints(base, &ep))
+        connect_state_change(sk, newstate, &ep.addrs, ep.sport, ep.dport, ep.family);
     return 0;
 }
 
@@ -546,14 +563,9 @@ RAW_TRACEPOINT_PROBE(tcp_cong_state_set)
     u64 sk = ctx->args[0];
     if (!loss_needs_addrs(sk, (u8)ctx->args[1]))
         return 0;
-    const u8 *base = (const u8 *)sk;
-    struct sock_head h;
-    bpf_probe_read_kernel(&h, sizeof(h), base);
-    struct addr_pair addrs;
-    if (!sock_addrs(base, &h, &addrs))
-        return 0;
-    loss_entered(sk, &addrs, head_u16(&h, AZP_SK_NUM), bpf_ntohs(head_u16(&h, AZP_SK_DPORT)),
-                 head_u16(&h, AZP_SK_FAMILY));
+    struct sock_endpoints ep;
+    if (read_endpoints((const u8 *)sk, &ep))
+        loss_entered(sk, &ep.addrs, ep.sport, ep.dport, ep.family);
     return 0;
 }
 
