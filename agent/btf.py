@@ -1,11 +1,13 @@
-"""Struct member offsets from the running kernel's BTF (/sys/kernel/btf/vmlinux).
+"""Struct member offsets and tracepoint ids from the running kernel's BTF
+(/sys/kernel/btf/vmlinux).
 
-The probe's raw tracepoint handlers read a few socket fields themselves (docs/probe.md
-"Raw tracepoints"). The installed kernel headers belong to another
+The probe's BTF-typed tracepoint handlers (tp_btf) read a few socket fields themselves
+(docs/probe.md "BTF-typed tracepoints"). The installed kernel headers belong to another
 kernel, so their offsets would be wrong; the kernel's own type information is not. This
 reads just enough of the BTF format (include/uapi/linux/btf.h) to find a struct by name
 and a member's byte offset and size, looking through anonymous unions and structs the
-way C does. Pure: bytes in, numbers out.
+way C does, and the `btf_trace_<tracepoint>` typedef a tp_btf program attaches to.
+Pure: bytes in, numbers out.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ BTF_MAGIC = 0xEB9F
 
 # BTF kinds (btf.h) and the bytes of trailing data each has after its 12-byte header.
 KIND_INT, KIND_PTR, KIND_ARRAY, KIND_STRUCT, KIND_UNION, KIND_ENUM = 1, 2, 3, 4, 5, 6
-KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT = 8, 9, 10, 11
+KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT, KIND_FUNC = 8, 9, 10, 11, 12
 KIND_FUNC_PROTO, KIND_VAR, KIND_DATASEC, KIND_DECL_TAG, KIND_TYPE_TAG, KIND_ENUM64 = 13, 14, 15, 17, 18, 19
 _FIXED_EXTRA = {KIND_INT: 4, KIND_ARRAY: 12, KIND_VAR: 4, KIND_DECL_TAG: 4}
 _PER_VLEN_EXTRA = {KIND_STRUCT: 12, KIND_UNION: 12, KIND_ENUM: 8, KIND_FUNC_PROTO: 8, KIND_DATASEC: 12,
@@ -95,12 +97,53 @@ class BTF:
             raise BTFError(f"BTF type id {type_id} does not exist")
         return self._types[type_id]  # type: ignore[return-value]
 
+    def _named(self, name: str, kind: int) -> int | None:
+        """The first type of `kind` called `name`. The name is found in the string section
+        first (a byte search), then the one type that points at it: no index of every
+        name is built, which would cost the agent's resident memory for a few lookups."""
+        start, end = self._strings
+        wanted = b"\0" + name.encode() + b"\0"
+        at = self._blob.find(wanted, start, end)
+        while at >= 0:
+            name_off = at + 1 - start
+            for type_id, t in enumerate(self._types):
+                if t is not None and t.kind == kind and t.name_off == name_off:
+                    return type_id
+            at = self._blob.find(wanted, at + 1, end)  # the same name stored twice
+        return None
+
     def struct_id(self, name: str) -> int:
         """The id of the struct called `name`."""
-        for type_id, t in enumerate(self._types):
-            if t is not None and t.kind == KIND_STRUCT and t.name_off and self._name(t.name_off) == name:
-                return type_id
-        raise BTFError(f"the kernel's BTF has no struct {name}")
+        found = self._named(name, KIND_STRUCT)
+        if found is None:
+            raise BTFError(f"the kernel's BTF has no struct {name}")
+        return found
+
+    def function_id(self, name: str) -> int:
+        """The id of the kernel function (or kfunc) called `name`."""
+        found = self._named(name, KIND_FUNC)
+        if found is None:
+            raise BTFError(f"the kernel's BTF has no function {name}")
+        return found
+
+    def tracepoint_id(self, tracepoint: str, nargs: int) -> int:
+        """The id of the `btf_trace_<tracepoint>` typedef, a tp_btf program's attach
+        point, checked to be a function taking the context and then `nargs` arguments,
+        the first a `struct sock *` (what the handlers read through)."""
+        typedef = self._named(f"btf_trace_{tracepoint}", KIND_TYPEDEF)
+        if typedef is None:
+            raise BTFError(f"the kernel's BTF has no tracepoint {tracepoint} (btf_trace_{tracepoint})")
+        ptr = self._type(self._type(typedef).size_or_type)
+        proto = self._type(ptr.size_or_type) if ptr.kind == KIND_PTR else ptr
+        if proto.kind != KIND_FUNC_PROTO or proto.vlen != 1 + nargs:
+            raise BTFError(f"tracepoint {tracepoint} does not take {nargs} arguments in this kernel's BTF")
+        _name_off, first = struct.unpack_from("<II", self._blob, proto.extra + 8)
+        arg = self._type(self._unqualified(first))
+        pointee = self._unqualified(arg.size_or_type) if arg.kind == KIND_PTR else 0
+        if not pointee or self._type(pointee).kind != KIND_STRUCT or \
+                self._name(self._type(pointee).name_off) != "sock":
+            raise BTFError(f"tracepoint {tracepoint}'s first argument is not a struct sock * in this kernel's BTF")
+        return typedef
 
     def size_of(self, type_id: int) -> int:
         """Bytes of a type, through typedefs and qualifiers."""
@@ -155,10 +198,10 @@ class BTF:
         raise BTFError("BTF type chain too deep")
 
 
-# What the raw handlers read: (struct, member, expected size, -D name). struct sock
-# begins with its struct sock_common (`__sk_common`), and struct tcp_sock with its struct
-# sock (inet_conn.icsk_inet.sk), so every offset is one from the socket's address; that
-# is checked, not assumed.
+# What the BTF-typed handlers read: (struct, member, expected size, -D name). struct
+# sock begins with its struct sock_common (`__sk_common`), and struct tcp_sock with its
+# struct sock (inet_conn.icsk_inet.sk), so every offset is one from the socket's address;
+# that is checked, not assumed. The verifier checks each load against the same BTF.
 SOCK_FIELDS = (
     ("sock_common", "skc_daddr", 4, "AZP_SK_DADDR"),
     ("sock_common", "skc_rcv_saddr", 4, "AZP_SK_RCV_SADDR"),
@@ -174,11 +217,9 @@ SOCK_FIELDS = (
 PREFIX_CHAIN = (("tcp_sock", "inet_conn"), ("inet_connection_sock", "icsk_inet"), ("inet_sock", "sk"),
                 ("sock", "__sk_common"))
 
-
-HEAD_FIELDS = ("AZP_SK_DADDR", "AZP_SK_RCV_SADDR", "AZP_SK_DPORT", "AZP_SK_NUM", "AZP_SK_FAMILY")
-V6_FIELDS = ("AZP_SK_V6_DADDR", "AZP_SK_V6_RCV_SADDR")
-MAX_HEAD_LEN = 32  # 18 on every kernel since 2.6: addresses, hash, ports, family
-MAX_V6_LEN = 64    # 32 where the two addresses are neighbours, as they have always been
+# The tracepoints the probe hooks as tp_btf, and how many arguments each takes after the
+# context (include/trace/events/tcp.h, sock.h); the first is always the socket.
+BTF_TRACEPOINTS = {"tcp_probe": 2, "inet_sock_set_state": 3, "tcp_receive_reset": 1, "tcp_cong_state_set": 2}
 
 
 def sock_offsets(btf: BTF) -> dict[str, int]:
@@ -190,22 +231,16 @@ def sock_offsets(btf: BTF) -> dict[str, int]:
         at = btf.member(ids[name], first).offset
         if at != 0:
             raise BTFError(f"struct {name}'s {first} is at offset {at}, not 0")
-    out, ends = {}, {}
+    out = {}
     for struct_name, field, size, define in SOCK_FIELDS:
         m = btf.member(ids[struct_name], field)
         if m.size != size:
             raise BTFError(f"struct {struct_name}.{field} is {m.size} bytes, the probe reads {size}")
         out[define] = m.offset
-        ends[define] = m.offset + m.size
-    # The handler reads the IPv4 fields as one block from the socket's start, and the two
-    # IPv6 addresses as one block: both must be small for that to be cheap.
-    out["AZP_SK_HEAD_LEN"] = max(ends[d] for d in HEAD_FIELDS)
-    if out["AZP_SK_HEAD_LEN"] > MAX_HEAD_LEN:
-        raise BTFError(f"struct sock_common's IPv4 fields end at byte {out['AZP_SK_HEAD_LEN']}, "
-                       f"past the {MAX_HEAD_LEN} the probe reads in one go")
-    out["AZP_SK_V6_BASE"] = min(out[d] for d in V6_FIELDS)
-    out["AZP_SK_V6_LEN"] = max(ends[d] for d in V6_FIELDS) - out["AZP_SK_V6_BASE"]
-    if out["AZP_SK_V6_LEN"] > MAX_V6_LEN:
-        raise BTFError(f"struct sock_common's IPv6 addresses span {out['AZP_SK_V6_LEN']} bytes, "
-                       f"more than the {MAX_V6_LEN} the probe reads in one go")
     return out
+
+
+def tracepoint_ids(btf: BTF) -> dict[str, int]:
+    """Tracepoint -> attach BTF id of every hook in BTF_TRACEPOINTS; BTFError naming the
+    first the kernel lacks or types differently."""
+    return {tp: btf.tracepoint_id(tp, nargs) for tp, nargs in BTF_TRACEPOINTS.items()}

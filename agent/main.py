@@ -286,6 +286,8 @@ class Agent:
             "topology_prefixes": float(sum(len(n) for n in self.config.topology.values())),
             # The BPF probe's RTT sampling (docs/probe.md); 0: the sock_diag sampler.
             "rtt_sample_ticks": float(getattr(self.probe, "rtt_sample_ticks", 0)),
+            # 1: the BPF probe hooks BTF-typed tracepoints; 0: classic ones, or sock_diag.
+            "btf_hooks": float(getattr(self.probe, "hooks", "") == "btf"),
         }
 
 

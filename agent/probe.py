@@ -14,6 +14,7 @@ from pathlib import Path
 
 from azprobe import bpf
 from azprobe.agent import btf
+from azprobe.agent.bpf_syscall import BPFSyscallError, TracingProgram, link_kfuncs
 from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS, RTT_SAMPLE_TICKS
 from azprobe.agent.lpm import TrieEntry
 from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot
@@ -76,16 +77,59 @@ def ephemeral_port_cflags(path: Path = PORT_RANGE) -> list[str]:
     return [f"-DAZP_EPHEMERAL_LO={lo}", f"-DAZP_EPHEMERAL_HI={hi}"]
 
 
-def sock_offset_cflags(path: Path = btf.VMLINUX_BTF) -> list[str]:
-    """-D flags that hook the raw tracepoints, with the socket offsets their handlers read
-    from the running kernel's BTF. None, with one log line saying why, when the BTF cannot
-    give them: the program then hooks the classic tracepoints (docs/probe.md)."""
+@dataclass(frozen=True)
+class BtfHooks:
+    """What the BTF-typed (tp_btf) handlers need from the running kernel's BTF."""
+    cflags: tuple[str, ...]      # -DAZP_BTF_HOOKS, the socket offsets they read, the tcp_sock type
+    attach_ids: dict[str, int]   # tracepoint -> its btf_trace_<tracepoint> typedef id
+    kfuncs: dict[int, int]       # placeholder helper id -> kfunc BTF id (bpf_syscall.link_kfuncs)
+
+
+def btf_hooks(path: Path = btf.VMLINUX_BTF) -> BtfHooks | None:
+    """The tp_btf hooks' build flags and attach points from the kernel's BTF. None, with
+    one log line saying why, when the BTF cannot give them: the program then hooks the
+    classic tracepoints (docs/probe.md "BTF-typed tracepoints")."""
     try:
-        offsets = btf.sock_offsets(btf.BTF.from_file(path))
+        kernel = btf.BTF.from_file(path)
+        offsets, attach_ids = btf.sock_offsets(kernel), btf.tracepoint_ids(kernel)
     except btf.BTFError as exc:
-        log.warning("hooks: classic tracepoints, not raw ones (%s)", exc)
-        return []
-    return ["-DAZP_RAW_HOOKS", *(f"-D{name}={offset}" for name, offset in offsets.items())]
+        log.warning("hooks: classic tracepoints, not BTF-typed ones (%s)", exc)
+        return None
+    cflags = ["-DAZP_BTF_HOOKS", *(f"-D{name}={offset}" for name, offset in offsets.items())]
+    try:  # Linux >= 6.2; without it tcp_probe types the socket with a helper instead
+        kfuncs = {bpf.constant("KFUNC_RDONLY_CAST"): kernel.function_id("bpf_rdonly_cast")}
+        cflags.append(f"-DAZP_TCP_SOCK_BTF_ID={kernel.struct_id('tcp_sock')}")
+    except btf.BTFError as exc:
+        log.info("tcp_probe: bpf_skc_to_tcp_sock, not bpf_rdonly_cast (%s)", exc)
+        kfuncs = {}
+    return BtfHooks(tuple(cflags), attach_ids, kfuncs)
+
+
+BTF_HANDLER_PREFIX = b"tp_btf__"
+
+
+def load_btf_handlers(program: object, hooks: BtfHooks, attach: bool = True) -> list[TracingProgram]:
+    """Load (verify) every tp_btf__<tracepoint> function BCC compiled into `program`, and
+    attach them unless `attach` is false. BCC cannot load them (agent/bpf_syscall.py says
+    why). All or none: BPFSyscallError, with the verifier's verdict, after unloading any
+    already loaded."""
+    from bcc.libbcc import lib  # noqa: PLC0415
+
+    names = [lib.bpf_function_name(program.module, i) for i in range(lib.bpf_num_functions(program.module))]
+    handlers: list[TracingProgram] = []
+    try:
+        for name in names:
+            if name.startswith(BTF_HANDLER_PREFIX):
+                tracepoint = name[len(BTF_HANDLER_PREFIX):].decode()
+                code = link_kfuncs(program.dump_func(name), hooks.kfuncs)
+                handlers.append(TracingProgram.load(tracepoint, code, hooks.attach_ids[tracepoint]))
+        for handler in handlers if attach else ():
+            handler.attach()
+    except BPFSyscallError:
+        for handler in handlers:
+            handler.close()
+        raise
+    return handlers
 
 
 def compile_program(source: str, extra_cflags: Iterable[str] = ()) -> object:
@@ -102,15 +146,29 @@ def compile_program(source: str, extra_cflags: Iterable[str] = ()) -> object:
         raise PrerequisiteError(f"cannot load BPF program {source}: {str(exc).splitlines()[0]}") from exc
 
 
-def program_stats(program: object) -> dict[str, tuple[int, int]]:
-    """Cumulative run time and run count of each loaded handler, read from this process's
-    /proc/self/fdinfo (the kernel fills them only while sysctl kernel.bpf_stats_enabled=1)."""
+def load_program(cflags: list[str], hooks: BtfHooks | None) -> tuple[object, list[TracingProgram]]:
+    """Compile bpf/azprobe.bpf.c and attach it: on tp_btf hooks where `hooks` is given and
+    the kernel takes them, else on classic tracepoints, with one log line saying why."""
+    if hooks is not None:
+        program = compile_program(bpf.PROGRAM, [*cflags, *hooks.cflags])
+        try:
+            return program, load_btf_handlers(program, hooks)
+        except BPFSyscallError as exc:
+            program.cleanup()
+            log.warning("hooks: classic tracepoints, not BTF-typed ones (%s)", exc.strerror)
+    return compile_program(bpf.PROGRAM, cflags), []
+
+
+def program_stats(program: object, btf_handlers: Iterable[TracingProgram] = ()) -> dict[str, tuple[int, int]]:
+    """Cumulative run time and run count of each loaded handler (BCC's and the tp_btf ones
+    loaded beside it), by tracepoint, read from this process's /proc/self/fdinfo (the
+    kernel fills them only while bpf_stats are on)."""
     out = {}
-    for func in program.funcs.values():
-        name = func.name.decode() if isinstance(func.name, bytes) else func.name
+    loaded = [(f.name.decode() if isinstance(f.name, bytes) else f.name, f.fd) for f in program.funcs.values()]
+    for name, fd in loaded + [(h.name, h.prog_fd) for h in btf_handlers]:
         fields = {}
         try:
-            for line in Path(f"/proc/self/fdinfo/{func.fd}").read_text().splitlines():
+            for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
                 key, _, value = line.partition(":")
                 fields[key.strip()] = value.strip()
         except OSError:
@@ -142,11 +200,11 @@ class Probe:
 
     source = "bpf"  # the window's `source`: which collector made it
 
-    def __init__(self, program: object, rtt_sample_ticks: int, raw_hooks: bool = False) -> None:
+    def __init__(self, program: object, btf_handlers: Iterable[TracingProgram], rtt_sample_ticks: int) -> None:
         self.bpf = program
         self.rtt_sample_ticks = rtt_sample_ticks  # RTT samples come from one tick in this many
-        # Raw tracepoints (socket offsets from BTF) or classic ones (docs/probe.md).
-        self.raw_hooks = raw_hooks
+        # The tp_btf handlers, loaded beside BCC's (docs/probe.md "BTF-typed tracepoints").
+        self.btf_handlers = list(btf_handlers)
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
@@ -155,8 +213,8 @@ class Probe:
         """Compile and attach the program; `rtt_sample_ticks` (a power of two, `[agent]
         rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment.
         `connect_set_bits`: log2 of the sets of connects in flight (default: azprobe.h's);
-        tests shrink it to fill a set on purpose. `btf_path`: the kernel's BTF, for the raw
-        hooks' socket offsets (tests point it at nothing to get the classic hooks)."""
+        tests shrink it to fill a set on purpose. `btf_path`: the kernel's BTF, for the
+        tp_btf hooks (tests point it at nothing to get the classic hooks)."""
         if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
             raise ValueError(f"rtt_sample_ticks must be one of {RTT_SAMPLE_TICKS}, not {rtt_sample_ticks}")
         if connect_set_bits is None:
@@ -168,10 +226,14 @@ class Probe:
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
         cflags += ephemeral_port_cflags()
-        offsets = sock_offset_cflags(btf_path)
-        probe = cls(compile_program(bpf.PROGRAM, cflags + offsets), rtt_sample_ticks, bool(offsets))
-        log.info("hooks: %s tracepoints", "raw" if offsets else "classic")
+        probe = cls(*load_program(cflags, btf_hooks(btf_path)), rtt_sample_ticks=rtt_sample_ticks)
+        log.info("hooks: %s tracepoints", "BTF-typed" if probe.btf_handlers else "classic")
         return probe
+
+    @property
+    def hooks(self) -> str:
+        """Which tracepoints the handlers hook: "btf" (tp_btf) or "classic"."""
+        return "btf" if self.btf_handlers else "classic"
 
     # -- topology ------------------------------------------------------------------
     def set_topology(self, entries: list[TrieEntry], own_az_id: int) -> None:
@@ -317,7 +379,10 @@ class Probe:
 
     def program_stats(self) -> dict[str, tuple[int, int]]:
         """Handler name (e.g. "tcp_probe") -> (run_time_ns, run_cnt) from bpf_stats."""
-        return program_stats(self.bpf)
+        return program_stats(self.bpf, self.btf_handlers)
 
     def close(self) -> None:
+        for handler in self.btf_handlers:
+            handler.close()
+        self.btf_handlers = []
         self.bpf.cleanup()

@@ -77,19 +77,22 @@ def fail(name: str, detail: str, fix: str) -> Check:
 # --- agent role: the kernel and BCC ---------------------------------------------------
 
 def check_btf(btf: Path) -> Check:
-    """BTF present, and whether it gives the struct sock offsets for the raw
-    inet_sock_set_state hook (else the probe hooks the classic tracepoint)."""
+    """BTF present, and whether it gives what the BTF-typed (tp_btf) hooks need: the
+    socket offsets and the tracepoints' types (else the probe hooks classic tracepoints)."""
     from azprobe.agent import btf as btf_reader  # pure parsing, no BCC
 
     if not btf.exists():
         return fail("kernel.btf", f"{btf} missing", "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
     try:
-        btf_reader.sock_offsets(btf_reader.BTF.from_file(btf))
+        kernel = btf_reader.BTF.from_file(btf)
+        btf_reader.sock_offsets(kernel)
+        btf_reader.tracepoint_ids(kernel)
     except btf_reader.BTFError as exc:
-        return warn("kernel.btf", f"{btf} present, but no struct sock offsets ({exc}): inet_sock_set_state "
-                    "hooks the classic tracepoint", "none needed; the raw hook only saves the trace record per "
-                    "state change (docs/probe.md \"What a connection costs\")")
-    return ok("kernel.btf", f"{btf} present; struct sock offsets read: inet_sock_set_state hooks the raw tracepoint")
+        return warn("kernel.btf", f"{btf} present, but not usable for tp_btf hooks ({exc}): the probe hooks "
+                    "classic tracepoints", "none needed; tp_btf hooks only make each event cheaper "
+                    "(docs/probe.md \"BTF-typed tracepoints\")")
+    return ok("kernel.btf", f"{btf} present; socket offsets and tracepoint types read: the probe hooks "
+              "BTF-typed tracepoints (tp_btf)")
 
 
 def check_tracefs(tracefs: Path) -> Check:

@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
-"""What the probe costs a service end to end, hooked on raw vs classic tracepoints.
+"""What the probe costs a service end to end, hooked on BTF-typed vs classic tracepoints.
 
 bpf_stats counts a handler's own run time only. A classic tracepoint also builds its trace
 record for every event (buffer, field copies, caller registers) before the program runs;
-a raw tracepoint hands the program the kernel's arguments, and the program reads the few
-socket fields it needs itself (docs/probe.md "What a connection costs"). Which costs a
+a BTF-typed one (tp_btf) hands the program the kernel's arguments, and the program reads
+the few socket fields it needs itself with plain loads (docs/probe.md "BTF-typed
+tracepoints"). Which costs a
 service less can only be seen from the service's side, so: a C loop in a lab namespace,
 timed per iteration with no probe, with the agent's program on classic tracepoints and
-with it on raw ones (both compiled and given a topology that puts the loop's address in
+with it on tp_btf ones (both compiled and given a topology that puts the loop's address in
 an AZ, so connects fill the flow cache and segments are sampled as in production), the
 three interleaved round by round (this VM's speed drifts by ±20 % over seconds, so only
 differences within a round mean anything). Two loops:
   connect:  connect to our own listener, accept, close both with an RST (6 state changes);
   exchange: one connection, a 1-byte request and a 1-byte response (2 received segments).
 Prints one JSON line: per loop, the median ns per iteration without the probe and the
-medians of the per-round differences (classic - none, raw - none, classic - raw) with the
+medians of the per-round differences (classic - none, btf - none, classic - btf) with the
 mean and standard error of the last.
 """
 
@@ -98,22 +99,21 @@ class Hooks:
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
-        self.funcs = [name for name in probe.bpf.funcs if name.startswith((b"tracepoint__", b"raw_tracepoint__"))]
+        self.funcs = [name for name in probe.bpf.funcs if name.startswith(b"tracepoint__")]
         self.detach()
 
     def attach(self) -> None:
         for name in self.funcs:
-            if name.startswith(b"raw_tracepoint__"):
-                self.probe.bpf.attach_raw_tracepoint(tp=name[len(b"raw_tracepoint__"):], fn_name=name)
-            else:
-                category, event = name[len(b"tracepoint__"):].split(b"__", 1)
-                self.probe.bpf.attach_tracepoint(tp=category + b":" + event, fn_name=name)
+            category, event = name[len(b"tracepoint__"):].split(b"__", 1)
+            self.probe.bpf.attach_tracepoint(tp=category + b":" + event, fn_name=name)
+        for handler in self.probe.btf_handlers:
+            handler.attach()
 
     def detach(self) -> None:
         for tp in list(self.probe.bpf.tracepoint_fds):
             self.probe.bpf.detach_tracepoint(tp)
-        for tp in list(self.probe.bpf.raw_tracepoint_fds):
-            self.probe.bpf.detach_raw_tracepoint(tp)
+        for handler in self.probe.btf_handlers:
+            handler.detach()
 
 
 def main() -> None:
@@ -125,14 +125,15 @@ def main() -> None:
         (Path(tmp) / "loop.c").write_text(LOOP_C)
         subprocess.run(["cc", "-O2", "-o", str(loop), str(Path(tmp) / "loop.c")], check=True)
         ns, addr = lab.server_ns("az-b"), lab.server_addr("az-b")
-        raw_probe, classic_probe = Probe.load(), Probe.load(btf_path=Path(tmp) / "no-btf")
+        btf_probe, classic_probe = Probe.load(), Probe.load(btf_path=Path(tmp) / "no-btf")
         try:
-            if not raw_probe.raw_hooks:
-                raise SystemExit("bench: this kernel's BTF gives no socket offsets: there are no raw hooks to compare")
+            if btf_probe.hooks != "btf":
+                raise SystemExit("bench: the probe fell back to classic hooks here (its log says why): "
+                                 "there are no tp_btf hooks to compare")
             # The loop's address in an AZ of its own (id 2; the node is in 1): a real path.
             entries = trie_entries({"az-loop": [ipaddress.ip_network(f"{addr}/32")]}, {"az-loop": 2})
-            variants = {"none": None, "classic": Hooks(classic_probe), "raw": Hooks(raw_probe)}
-            for hooks in (variants["classic"], variants["raw"]):
+            variants = {"none": None, "classic": Hooks(classic_probe), "btf": Hooks(btf_probe)}
+            for hooks in (variants["classic"], variants["btf"]):
                 hooks.probe.set_topology(entries, 1)
             result = {"bench": "hook_overhead", "rounds": ROUNDS}
             for mode, iterations in ITERATIONS.items():
@@ -154,18 +155,18 @@ def main() -> None:
                 def diff(a: str, b: str) -> list[float]:
                     return [x - y for x, y in zip(ns_per[a], ns_per[b])]
 
-                classic_raw = diff("classic", "raw")
+                classic_btf = diff("classic", "btf")
                 result[mode] = {
                     "iterations": iterations,
                     "ns_per_iteration_none_median": round(statistics.median(ns_per["none"])),
                     "classic_minus_none_ns_median": round(statistics.median(diff("classic", "none"))),
-                    "raw_minus_none_ns_median": round(statistics.median(diff("raw", "none"))),
-                    "classic_minus_raw_ns": {
-                        "median": round(statistics.median(classic_raw)), "mean": round(statistics.mean(classic_raw)),
-                        "stderr": round(statistics.stdev(classic_raw) / len(classic_raw) ** 0.5)},
+                    "btf_minus_none_ns_median": round(statistics.median(diff("btf", "none"))),
+                    "classic_minus_btf_ns": {
+                        "median": round(statistics.median(classic_btf)), "mean": round(statistics.mean(classic_btf)),
+                        "stderr": round(statistics.stdev(classic_btf) / len(classic_btf) ** 0.5)},
                 }
         finally:
-            raw_probe.close()
+            btf_probe.close()
             classic_probe.close()
     print(json.dumps(result, separators=(",", ":")))
 

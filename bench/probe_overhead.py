@@ -2,8 +2,8 @@
 """Probe overhead under a fixed lab load.
 
 Runs `azprobe agent` (subprocess) on a lab with a fixed traffic mix, loads bpf/empty.bpf.c
-(an empty tcp_probe handler, on the hook kind the agent uses: raw where the kernel's BTF
-gives the socket offsets) in this process as the baseline, holds BPF run-time stats on
+(an empty tcp_probe handler, on the hook kind the agent uses: tp_btf where the kernel's
+BTF allows) in this process as the baseline, holds BPF run-time stats on
 for the run (BPF_ENABLE_STATS, released after), and measures over DURATION_S:
   - ns_per_event per azprobe handler (run_time_ns / run_cnt deltas, from the agent's
     /metrics, which reads its own /proc/self/fdinfo) and empty_ns_per_event (ours);
@@ -20,10 +20,8 @@ Goals: tcp_probe <= 2x empty; agent <= 2 % of a core. Prints one JSON line at th
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -31,7 +29,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -40,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe import bpf  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
-from azprobe.agent.probe import check_prerequisites, compile_program, program_stats, sock_offset_cflags  # noqa: E402
+from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
+from azprobe.agent.probe import (BtfHooks, btf_hooks, check_prerequisites, compile_program,  # noqa: E402
+                                 load_btf_handlers, program_stats)
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 
 DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
@@ -48,9 +47,6 @@ DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
 RTT_SAMPLE_TICKS = os.environ.get("AZPROBE_BENCH_RTT_SAMPLE_TICKS", "")
 WARMUP_S = 3.0
 LOAD = TrafficSpec(rate=20.0, conns=4, interval_ms=10.0)  # per (client, target): the fixed load
-# bpf(2): BPF_ENABLE_STATS with type BPF_STATS_RUN_TIME (include/uapi/linux/bpf.h).
-NR_BPF = {"x86_64": 321, "aarch64": 280}
-BPF_ENABLE_STATS, BPF_STATS_RUN_TIME = 32, 0
 METRIC = re.compile(r'^azprobe_bpf_run_(time_ns|count)_total\{prog="([a-z_]+)"\} ([0-9.e+]+)$')
 
 
@@ -65,25 +61,17 @@ def exit_on_sigterm(main_pid: int):
     return handler
 
 
-@contextlib.contextmanager
-def bpf_run_time_stats() -> Iterator[None]:
-    """BPF run-time stats on while this holds. BPF_ENABLE_STATS hands out an fd that keeps
-    them on until it is closed, counted per holder (unlike the kernel.bpf_stats_enabled
-    sysctl, one switch that a second bench or an operator can turn off mid-run), and a
-    killed bench's fd closes with it. bpf_stats adds two clock reads to every handler run,
-    so only a measurement that needs them holds this."""
-    nr_bpf = NR_BPF.get(platform.machine())
-    if nr_bpf is None:
-        raise SystemExit(f"bench: no bpf(2) syscall number known for {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    attr = (ctypes.c_uint32 * 2)(BPF_STATS_RUN_TIME, 0)  # union bpf_attr: enable_stats.type
-    fd = libc.syscall(nr_bpf, BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
-    if fd < 0:
-        raise SystemExit(f"bench: BPF_ENABLE_STATS failed: {os.strerror(ctypes.get_errno())}")
-    try:
-        yield
-    finally:
-        os.close(fd)
+class EmptyHandler:
+    """bpf/empty.bpf.c on tcp_probe, on the hook kind the agent uses (tp_btf where the
+    kernel's BTF allows, loaded the way the agent loads its own)."""
+
+    def __init__(self, hooks: BtfHooks | None) -> None:
+        self.program = compile_program(bpf.EMPTY_PROGRAM, hooks.cflags[:1] if hooks else [])
+        self.handlers = load_btf_handlers(self.program, hooks) if hooks else []
+
+    def stats(self) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) so far."""
+        return program_stats(self.program, self.handlers)["tcp_probe"]
 
 
 def log(msg: str) -> None:
@@ -130,7 +118,7 @@ def main() -> None:
     check_prerequisites()
     agent = None
     with contextlib.ExitStack() as stack:
-        stack.enter_context(bpf_run_time_stats())
+        stack.enter_context(run_time_stats())
         stack.callback(lambda: stop_agent(agent))
         with tempfile.TemporaryDirectory() as tmp, \
                 Lab.up(LabSpec(name=unique_lab_name("bn"), state_dir=Path(tmp), traffic=LOAD)) as lab:
@@ -140,9 +128,9 @@ def main() -> None:
                 config = Path(tmp) / "agent.toml"
                 config.write_text(lab.agent_config_path.read_text().replace(
                     "[agent]\n", f"[agent]\nrtt_sample_ticks = {int(RTT_SAMPLE_TICKS)}\n", 1))
-            # The empty programs hook tcp_probe as the agent does (raw where BTF allows).
-            hook_cflags = sock_offset_cflags()[:1]
-            first = compile_program(bpf.EMPTY_PROGRAM, hook_cflags)  # takes the first place on tcp_probe
+            # The empty programs hook tcp_probe as the agent does (tp_btf where BTF allows).
+            hooks = btf_hooks()
+            first = EmptyHandler(hooks)  # takes the first place on tcp_probe
             agent = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config",
                                       str(config), "--listen", "127.0.0.1:0",
                                       "--address-file", str(address_file)],
@@ -152,15 +140,15 @@ def main() -> None:
                 raise SystemExit(f"bench: agent reported no address (exit {agent.poll()})")
             url = f"http://{format_host_port(*address)}"
             wait_healthy(url, agent)
-            empty = compile_program(bpf.EMPTY_PROGRAM, hook_cflags)
+            empty = EmptyHandler(hooks)
             proc = psutil.Process(agent.pid)
             time.sleep(WARMUP_S)  # a benchmark's fixed warm-up, not synchronisation
 
             t0, cpu0 = time.monotonic(), sum(proc.cpu_times()[:2])
-            a0, e0, f0 = agent_stats(url), program_stats(empty)["tcp_probe"], program_stats(first)["tcp_probe"]
+            a0, e0, f0 = agent_stats(url), empty.stats(), first.stats()
             time.sleep(DURATION_S)  # the measurement interval
             t1, cpu1 = time.monotonic(), sum(proc.cpu_times()[:2])
-            a1, e1, f1 = agent_stats(url), program_stats(empty)["tcp_probe"], program_stats(first)["tcp_probe"]
+            a1, e1, f1 = agent_stats(url), empty.stats(), first.stats()
             rss_mb = proc.memory_info().rss / 2**20
             traffic = lab.traffic_stats()
 
@@ -186,7 +174,7 @@ def main() -> None:
             "ns_per_event": {p: v["ns_per_event"] for p, v in per_prog.items()},
             "events_per_s_by_prog": {p: v["events_per_s"] for p, v in per_prog.items()},
             "rtt_sample_ticks": int(RTT_SAMPLE_TICKS) if RTT_SAMPLE_TICKS else "default",
-            "hooks": "raw" if hook_cflags else "classic",
+            "hooks": "btf" if hooks else "classic",
             "empty_ns_per_event": round(empty_ns, 1) if empty_ns else None,
             "first_empty_ns_per_event": round(first_ns, 1) if first_ns else None,
             "tcp_probe_vs_empty": round(probe_ns / empty_ns, 2) if probe_ns and empty_ns else None,

@@ -26,8 +26,8 @@ saturation loses exactly the CPU the probe and the agent take per request. All a
 within one run, so the host's run-to-run noise cancels. Reported per mode as the median
 of the 3 runs. What bpf_stats leaves out and puts in: a classic tracepoint's record,
 built before the program runs, is not in it (on classic hooks implied_rps_ratio flatters
-the probe); its own two clock reads per run are (~70 ns of every run here), so on raw
-hooks it overstates the handlers. bench/hook_overhead.py measures the whole from the
+the probe); its own two clock reads per run are (~70 ns of every run here), so on
+tp_btf hooks it overstates the handlers. bench/hook_overhead.py measures the whole from the
 service's side. Handler runs and busy CPU are the whole machine's: the bench needs the
 machine otherwise idle.
 
@@ -55,11 +55,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
 # bench/ is sys.path[0]
-from probe_overhead import agent_stats, bpf_run_time_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
+from probe_overhead import agent_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
 
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
 RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
@@ -251,7 +252,7 @@ def probe_cost(lab: Lab, config: Path, url: str) -> dict:
     result = {}
     # bpf_stats is on only here, never while the A/B pairs run; released on an exception
     # and on SIGTERM (which unwinds like Ctrl-C).
-    with bpf_run_time_stats():
+    with run_time_stats():
         # The BPF collector explicitly: "auto" falling back to sock_diag has no handlers to measure.
         agent = AgentProcess(config, "bpf")
         try:

@@ -2,13 +2,13 @@
  *
  * Never through the installed kernel headers' struct layouts: they belong to another
  * kernel. The classic tracepoints' fields come from tracefs (BCC builds the `args`
- * structs from it); the raw tracepoints' handlers (AZP_RAW_HOOKS) read the socket at
- * offsets from the running kernel's BTF (agent/btf.py).
+ * structs from it); the BTF-typed tracepoints' handlers (AZP_BTF_HOOKS) read the socket
+ * at offsets from the running kernel's BTF (agent/btf.py).
  *
  * Maps are cumulative; the agent sums CPUs and takes deltas each interval. Dense ids
  * (paths 0..AZP_MAX_PATHS-1) index arrays: an inlined lookup, no hashing, no
  * lookup_or_try_init. A handler never nests in itself on one CPU (the kernel skips a
- * program already running there), but on raw hooks one handler can interrupt another
+ * program already running there), but on tp_btf hooks one handler can interrupt another
  * (a softirq's tcp_probe inside a connect()'s inet_sock_set_state). So every per-CPU
  * field is written by one handler only and takes plain increments; the one that several
  * write (probe_stats.ring_drops) takes an atomic add.
@@ -27,11 +27,14 @@ BPF_PERCPU_ARRAY(path_counters, struct azp_path_counters, AZP_MAX_PATHS);
  * connect measured, and memory that grew with the CPU count. */
 BPF_ARRAY(connect_rows, struct azp_hist_row, AZP_MAX_PATHS);
 /* Connects in flight and sockets inside a Loss episode, in arrays indexed by a hash of
- * the socket's address (sock_slot): each test is one line, where a hash-map operation
+ * the socket's id (sock_slot): each test is one line, where a hash-map operation
  * cost ~300 ns here (docs/probe.md "What a connection costs"). What a full set or a
  * collision costs is stated at each. */
 BPF_ARRAY(connecting, struct azp_connect_slot, AZP_CONNECT_SLOTS);
 BPF_ARRAY(in_loss, u64, AZP_LOSS_SLOTS);
+#ifdef AZP_BTF_HOOKS
+BPF_ARRAY(sock_id_anchor, u64, 1); /* its one value's address: see sock_id_of */
+#endif
 /* Flows this node opened (SYN_SENT -> ESTABLISHED) toward an AZ of the topology:
  * (local address, remote address, remote port) -> path. tcp_probe, the hot handler (every
  * received segment), only looks here with one inlined array lookup (no hash map, no LPM).
@@ -135,13 +138,17 @@ static __always_inline void rtt_add(u32 path, u64 bucket, u64 count)
         row->buckets[bucket & (AZP_NUM_BUCKETS - 1)] += count;
 }
 
-/* The top `bits` bits of a socket address's Fibonacci hash: socket addresses are slab
- * objects with their low bits in common, and the product mixes every bit into the top. */
-static __always_inline u32 sock_slot(u64 sk, u32 bits)
+/* Sockets are known by a u64 `sock_id`, never 0: the socket's address (classic hooks:
+ * the record's skaddr), or on tp_btf hooks its address relative to a map value's
+ * (sock_id_of). Either is unique among live sockets; a freed socket's id can come back.
+ *
+ * The top `bits` bits of a socket id's Fibonacci hash: sockets are slab objects with
+ * their low address bits in common, and the product mixes every bit into the top. */
+static __always_inline u32 sock_slot(u64 sock_id, u32 bits)
 {
     if (bits == 0) /* one set (tests): a shift by 64 is undefined */
         return 0;
-    return (u32)((sk * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+    return (u32)((sock_id * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
 }
 
 /* Loss marks. Two sockets in Loss at once in one slot: the later mark evicts the
@@ -149,37 +156,37 @@ static __always_inline u32 sock_slot(u64 sk, u32 bits)
  * further timeout) then counts once more. So a collision can only over-count RTOs of a
  * socket that keeps timing out, never invent one on a healthy socket; at 4096 slots it
  * needs hundreds of sockets in Loss at once to matter. */
-static __always_inline u64 *loss_slot(u64 sk)
+static __always_inline u64 *loss_slot(u64 sock_id)
 {
-    u32 slot = sock_slot(sk, AZP_LOSS_SLOT_BITS);
+    u32 slot = sock_slot(sock_id, AZP_LOSS_SLOT_BITS);
     return in_loss.lookup(&slot);
 }
 
-static __always_inline int loss_marked(u64 sk)
+static __always_inline int loss_marked(u64 sock_id)
 {
-    u64 *e = loss_slot(sk);
-    return e && *e == sk;
+    u64 *e = loss_slot(sock_id);
+    return e && *e == sock_id;
 }
 
 /* Most sockets never enter Loss: one line read and no write on every close and every
  * congestion-state change. */
-static __always_inline void forget_loss(u64 sk)
+static __always_inline void forget_loss(u64 sock_id)
 {
-    u64 *e = loss_slot(sk);
-    if (e && *e == sk)
+    u64 *e = loss_slot(sock_id);
+    if (e && *e == sock_id)
         *e = 0;
 }
 
 /* The slot of a connect in flight: a set is 2 slots in one line. */
-static __always_inline struct azp_connect_slot *connect_find(u64 sk)
+static __always_inline struct azp_connect_slot *connect_find(u64 sock_id)
 {
-    u32 i = sock_slot(sk, AZP_CONNECT_SET_BITS) * 2;
+    u32 i = sock_slot(sock_id, AZP_CONNECT_SET_BITS) * 2;
     struct azp_connect_slot *e = connecting.lookup(&i);
-    if (e && e->sk == sk)
+    if (e && e->sock_id == sock_id)
         return e;
     i += 1;
     e = connecting.lookup(&i);
-    if (e && e->sk == sk)
+    if (e && e->sock_id == sock_id)
         return e;
     return NULL;
 }
@@ -192,20 +199,20 @@ static __always_inline struct azp_connect_slot *connect_find(u64 sk)
  * in trouble look healthier. The compare-and-swap settles two CPUs claiming one slot;
  * a claim that reads a just-taken slot's old ts_ns (the taker writes it right after its
  * swap) can still take it over, losing that one connect's outcome: nanoseconds wide. */
-static __always_inline struct azp_connect_slot *connect_claim(u64 sk, u64 now_ns)
+static __always_inline struct azp_connect_slot *connect_claim(u64 sock_id, u64 now_ns)
 {
-    u32 i = sock_slot(sk, AZP_CONNECT_SET_BITS) * 2;
+    u32 i = sock_slot(sock_id, AZP_CONNECT_SET_BITS) * 2;
 #pragma unroll
     for (int way = 0; way < 2; way++, i++) {
         struct azp_connect_slot *e = connecting.lookup(&i);
         if (!e)
             continue;
-        u64 held = e->sk;
-        if (held == sk)
+        u64 held = e->sock_id;
+        if (held == sock_id)
             return e;
         if (held && now_ns - e->ts_ns < AZP_CONNECT_EXPIRY_S * 1000000000ULL)
             continue;
-        if (__sync_val_compare_and_swap(&e->sk, held, sk) == held)
+        if (__sync_val_compare_and_swap(&e->sock_id, held, sock_id) == held)
             return e;
     }
     return NULL;
@@ -221,6 +228,13 @@ static __always_inline u32 flow_slot(const struct flow_id *f)
     u64 h = f->saddr_lo ^ (f->daddr_lo * 31) ^ f->saddr_hi ^ (f->daddr_hi * 7) ^ f->dport;
     /* Fibonacci hashing: the product's top bits mix every input bit. */
     return (u32)((h * 0x9E3779B97F4A7C15ULL) >> (64 - AZP_FLOW_CACHE_BITS));
+}
+
+/* The low half of ::ffff:a.b.c.d (`addr` as the kernel stores it): bytes 8..15 are
+ * 00 00 ff ff a b c d, read little-endian. The high half is 0. */
+static __always_inline u64 v4_mapped_lo(u32 addr)
+{
+    return 0xffff0000ULL | ((u64)addr << 32);
 }
 
 static __always_inline struct flow_id flow_of(const struct addr_pair *a, u16 dport)
@@ -303,18 +317,18 @@ static __always_inline void emit(u8 kind, u32 path, const struct addr_pair *a, u
 
 /* State changes that neither enter nor leave SYN_SENT (a server socket's whole life, a
  * client's close) need nothing but a Loss mark forgotten: true when this is one. */
-static __always_inline int state_change_dismissed(u64 sk, int oldstate, int newstate)
+static __always_inline int state_change_dismissed(u64 sock_id, int oldstate, int newstate)
 {
     if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT) {
         if (newstate == AZP_TCP_CLOSE)
-            forget_loss(sk);
+            forget_loss(sock_id);
         return 1;
     }
     return 0;
 }
 
 /* A TCP socket entering or leaving SYN_SENT, its addresses and ports in hand. */
-static __always_inline void connect_state_change(u64 sk, int newstate, const struct addr_pair *addrs,
+static __always_inline void connect_state_change(u64 sock_id, int newstate, const struct addr_pair *addrs,
                                                  u16 sport, u16 dport, u16 family)
 {
     if (newstate == AZP_TCP_SYN_SENT) {
@@ -332,7 +346,7 @@ static __always_inline void connect_state_change(u64 sk, int newstate, const str
             path = path_of(addrs);
         }
         u64 now_ns = bpf_ktime_get_ns();
-        struct azp_connect_slot *slot = connect_claim(sk, now_ns);
+        struct azp_connect_slot *slot = connect_claim(sock_id, now_ns);
         if (slot) {
             slot->ts_ns = now_ns;
             slot->path = path;
@@ -349,15 +363,15 @@ static __always_inline void connect_state_change(u64 sk, int newstate, const str
         return;
     }
     /* Leaving SYN_SENT (the only case left): the connect's outcome. */
-    struct azp_connect_slot *found = connect_find(sk);
+    struct azp_connect_slot *found = connect_find(sock_id);
     if (found) {
         struct azp_connect_slot start = *found;
         asm volatile("" ::: "memory"); /* the copy before the release */
-        found->sk = 0;
+        found->sock_id = 0;
         struct azp_path_counters *c = counters(start.path);
         if (newstate == AZP_TCP_ESTABLISHED) {
             /* A SYN timeout leaves the socket in Loss; the first data RTO must count. */
-            forget_loss(sk);
+            forget_loss(sock_id);
             if (start.path % AZP_MAX_AZ != AZP_AZ_OTHER) {
                 struct flow_id f = flow_of(addrs, dport);
                 flow_cache_put(&f, start.path);
@@ -377,13 +391,13 @@ static __always_inline void connect_state_change(u64 sk, int newstate, const str
         }
     }
     if (newstate == AZP_TCP_CLOSE)
-        forget_loss(sk);
+        forget_loss(sock_id);
 }
 
 /* An RST while in SYN_SENT makes the coming SYN_SENT -> CLOSE a refusal. */
-static __always_inline void reset_received(u64 sk)
+static __always_inline void reset_received(u64 sock_id)
 {
-    struct azp_connect_slot *start = connect_find(sk);
+    struct azp_connect_slot *start = connect_find(sock_id);
     if (start)
         start->got_reset = 1;
 }
@@ -392,25 +406,25 @@ static __always_inline void reset_received(u64 sk)
  * further timeout). The hook has no TCP state, so "in SYN_SENT" means "has a pending
  * connect": those are SYN timeouts, kept apart from data RTOs. True when the change
  * needs the socket's addresses (loss_entered). */
-static __always_inline int loss_needs_addrs(u64 sk, u8 cong_state)
+static __always_inline int loss_needs_addrs(u64 sock_id, u8 cong_state)
 {
     if (cong_state != AZP_TCP_CA_LOSS) {
-        forget_loss(sk);
+        forget_loss(sock_id);
         return 0;
     }
-    return !loss_marked(sk);
+    return !loss_marked(sock_id);
 }
 
-static __always_inline void loss_entered(u64 sk, const struct addr_pair *addrs, u16 sport, u16 dport, u16 family)
+static __always_inline void loss_entered(u64 sock_id, const struct addr_pair *addrs, u16 sport, u16 dport, u16 family)
 {
     if (!node_owns(addrs->saddr)) /* node addresses */
         return;
-    u64 *mark = loss_slot(sk);
+    u64 *mark = loss_slot(sock_id);
     if (mark)
-        *mark = sk;
+        *mark = sock_id;
     u32 path = path_of(addrs);
     struct azp_path_counters *c = counters(path);
-    u8 kind = connect_find(sk) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
+    u8 kind = connect_find(sock_id) ? AZP_EV_SYN_RTO : AZP_EV_RTO;
     if (c) {
         if (kind == AZP_EV_SYN_RTO)
             c->syn_rto += 1;
@@ -447,53 +461,60 @@ static __always_inline int port_not_ephemeral(u16 sport)
 #endif
 }
 
-#ifdef AZP_RAW_HOOKS
-/* ---- raw tracepoints (docs/probe.md "What a connection costs") ----------------------
- * The kernel hands the program its own arguments: no trace record is built for the
- * event (measured ~190 ns per event less than a classic tracepoint, empty program on
- * both), and changes that need nothing are dismissed on the arguments alone. The few
- * socket fields a handler needs are read at offsets from the running kernel's BTF
- * (agent/btf.py), the values the classic tracepoints copy into their records. */
+#ifdef AZP_BTF_HOOKS
+/* ---- BTF-typed tracepoints (tp_btf; docs/probe.md "BTF-typed tracepoints") ----------
+ * The kernel hands the program its own arguments, typed by its BTF: no trace record is
+ * built for the event (~190 ns a classic one cost per event here), changes that need
+ * nothing are dismissed on the arguments alone, and the socket is read with plain loads
+ * that the verifier checks against the kernel's `struct sock` (a raw tracepoint's handler
+ * has to call bpf_probe_read_kernel, ~200 ns a call here). The offsets come from the
+ * running kernel's BTF (agent/btf.py). BCC compiles these functions but cannot load them
+ * (its loader has no tp_btf): the agent loads their bytecode itself
+ * (agent/bpf_syscall.py), so each is named tp_btf__<tracepoint> and BCC leaves it be. */
+#define BTF_TRACEPOINT(tp) int tp_btf__##tp(u64 *ctx)
 
-/* The socket's first AZP_SK_HEAD_LEN bytes: both IPv4 addresses, both ports, the family.
- * Two reads, not one per field: the IPv6 addresses lie within AZP_SK_V6_LEN bytes from
- * AZP_SK_V6_BASE (agent/btf.py checks both spans). */
-struct sock_head {
-    u8 bytes[AZP_SK_HEAD_LEN];
-};
+/* A field of the socket at `sk`, a BTF-typed `struct sock *`, read with one load. */
+#define SK_FIELD(type, sk, off) (*(const type *)((const u8 *)(sk) + (off)))
 
-static __always_inline u16 head_u16(const struct sock_head *h, u32 off)
-{
-    u16 v;
-    __builtin_memcpy(&v, &h->bytes[off], 2);
-    return v;
-}
+/* The socket at `sk` typed as a struct tcp_sock, whose srtt_us lies past struct sock
+ * (the verifier checks every load against the type it knows). tcp_probe only fires for
+ * TCP sockets, so no check is needed: bpf_rdonly_cast (a kfunc, Linux >= 6.2) retypes
+ * the pointer and the verifier turns the call into a register copy. BCC cannot emit a
+ * kfunc call, so the program calls a placeholder helper id, AZP_KFUNC_RDONLY_CAST, that
+ * the agent links to the kfunc before loading (agent/bpf_syscall.py link_kfuncs).
+ * Without the kfunc: bpf_skc_to_tcp_sock, a helper that checks the socket first, ~30 ns
+ * more per sampled segment here. */
+#ifdef AZP_TCP_SOCK_BTF_ID
+static void *(*azp_rdonly_cast)(const void *obj, u32 btf_id) = (void *)AZP_KFUNC_RDONLY_CAST;
+#define as_tcp_sock(sk) ((const u8 *)azp_rdonly_cast((sk), AZP_TCP_SOCK_BTF_ID))
+#else
+#define as_tcp_sock(sk) ((const u8 *)bpf_skc_to_tcp_sock((void *)(sk)))
+#endif
 
 /* The socket's addresses (IPv4 as ::ffff:a.b.c.d); 0 for a family other than IPv4/IPv6. */
-static __always_inline int sock_addrs(const u8 *sk, const struct sock_head *h, struct addr_pair *addrs)
+static __always_inline int sock_addrs(const u8 *sk, u16 family, struct addr_pair *addrs)
 {
-    u16 family = head_u16(h, AZP_SK_FAMILY);
     if (family == AZP_AF_INET) {
+        u32 saddr = SK_FIELD(u32, sk, AZP_SK_RCV_SADDR), daddr = SK_FIELD(u32, sk, AZP_SK_DADDR);
         __builtin_memset(addrs, 0, sizeof(*addrs));
         addrs->saddr[10] = addrs->saddr[11] = 0xff;
         addrs->daddr[10] = addrs->daddr[11] = 0xff;
-        __builtin_memcpy(&addrs->saddr[12], &h->bytes[AZP_SK_RCV_SADDR], 4);
-        __builtin_memcpy(&addrs->daddr[12], &h->bytes[AZP_SK_DADDR], 4);
+        __builtin_memcpy(&addrs->saddr[12], &saddr, 4);
+        __builtin_memcpy(&addrs->daddr[12], &daddr, 4);
         return 1;
     }
     if (family == AZP_AF_INET6) {
-        u8 v6[AZP_SK_V6_LEN];
-        bpf_probe_read_kernel(v6, sizeof(v6), sk + AZP_SK_V6_BASE);
-        __builtin_memcpy(addrs->saddr, &v6[AZP_SK_V6_RCV_SADDR - AZP_SK_V6_BASE], 16);
-        __builtin_memcpy(addrs->daddr, &v6[AZP_SK_V6_DADDR - AZP_SK_V6_BASE], 16);
+        u64 half[4] = {SK_FIELD(u64, sk, AZP_SK_V6_RCV_SADDR), SK_FIELD(u64, sk, AZP_SK_V6_RCV_SADDR + 8),
+                       SK_FIELD(u64, sk, AZP_SK_V6_DADDR), SK_FIELD(u64, sk, AZP_SK_V6_DADDR + 8)};
+        __builtin_memcpy(addrs->saddr, &half[0], 16);
+        __builtin_memcpy(addrs->daddr, &half[2], 16);
         return 1;
     }
     return 0;
 }
 
-/* A socket's addresses, ports (local in host order) and family, for the handlers that
- * need all of them (tcp_probe reads the head itself: it drops most segments on the local
- * port before any address is built); 0 for a family other than IPv4/IPv6. */
+/* A socket's addresses, ports (local in host order) and family; 0 for a family other
+ * than IPv4/IPv6. */
 struct sock_endpoints {
     struct addr_pair addrs;
     u16 sport, dport, family;
@@ -501,71 +522,87 @@ struct sock_endpoints {
 
 static __always_inline int read_endpoints(const u8 *sk, struct sock_endpoints *ep)
 {
-    struct sock_head h;
-    bpf_probe_read_kernel(&h, sizeof(h), sk);
-    ep->sport = head_u16(&h, AZP_SK_NUM);
-    ep->dport = bpf_ntohs(head_u16(&h, AZP_SK_DPORT));
-    ep->family = head_u16(&h, AZP_SK_FAMILY);
-    return sock_addrs(sk, &h, &ep->addrs);
+    ep->sport = SK_FIELD(u16, sk, AZP_SK_NUM);
+    ep->dport = bpf_ntohs(SK_FIELD(u16, sk, AZP_SK_DPORT));
+    ep->family = SK_FIELD(u16, sk, AZP_SK_FAMILY);
+    return sock_addrs(sk, ep->family, &ep->addrs);
 }
 
 /* TP_PROTO(const struct sock *sk, const struct sk_buff *skb): every received segment. */
-RAW_TRACEPOINT_PROBE(tcp_probe)
+BTF_TRACEPOINT(tcp_probe)
 {
     if (rtt_tick_skipped()) /* before any read: the common case touches nothing */
         return 0;
-    const u8 *sk = (const u8 *)ctx->args[0];
-    struct sock_head h;
-    bpf_probe_read_kernel(&h, sizeof(h), sk);
-    if (port_not_ephemeral(head_u16(&h, AZP_SK_NUM)))
+    const u8 *sk = (const u8 *)ctx[0];
+    if (port_not_ephemeral(SK_FIELD(u16, sk, AZP_SK_NUM)))
         return 0;
-    struct addr_pair addrs;
-    if (!sock_addrs(sk, &h, &addrs))
+    struct flow_id f = {.dport = bpf_ntohs(SK_FIELD(u16, sk, AZP_SK_DPORT))};
+    u16 family = SK_FIELD(u16, sk, AZP_SK_FAMILY);
+    if (family == AZP_AF_INET) {
+        f.saddr_lo = v4_mapped_lo(SK_FIELD(u32, sk, AZP_SK_RCV_SADDR));
+        f.daddr_lo = v4_mapped_lo(SK_FIELD(u32, sk, AZP_SK_DADDR));
+    } else if (family == AZP_AF_INET6) {
+        f.saddr_hi = SK_FIELD(u64, sk, AZP_SK_V6_RCV_SADDR);
+        f.saddr_lo = SK_FIELD(u64, sk, AZP_SK_V6_RCV_SADDR + 8);
+        f.daddr_hi = SK_FIELD(u64, sk, AZP_SK_V6_DADDR);
+        f.daddr_lo = SK_FIELD(u64, sk, AZP_SK_V6_DADDR + 8);
+    } else {
         return 0;
-    struct flow_id f = flow_of(&addrs, bpf_ntohs(head_u16(&h, AZP_SK_DPORT)));
+    }
     struct azp_flow_slot *e = flow_cache_get(&f);
     if (!e)
         return 0;
-    u32 srtt_us8 = 0; /* tcp_sock.srtt_us holds 8 x the smoothed RTT in µs */
-    bpf_probe_read_kernel(&srtt_us8, sizeof(srtt_us8), sk + AZP_TP_SRTT_US);
-    rtt_add(e->path, azp_bucket_index(srtt_us8 >> 3), 1);
+    /* tcp_sock.srtt_us holds 8 x the smoothed RTT in µs. */
+    const u8 *tp = as_tcp_sock(sk);
+    if (tp)
+        rtt_add(e->path, azp_bucket_index(SK_FIELD(u32, tp, AZP_TP_SRTT_US) >> 3), 1);
     return 0;
 }
 
-/* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate) */
-RAW_TRACEPOINT_PROBE(inet_sock_set_state)
+/* The socket's id (see sock_slot): its address, relative to a fixed map value's. The
+ * verifier lets a privileged program subtract one pointer from another but not turn a
+ * pointer into an integer, and a relative address is as unique as the address. It was
+ * the socket's cookie (bpf_get_socket_cookie): 40-100 ns more per state change here,
+ * and it gave every socket a cookie as a side effect. */
+static __always_inline u64 sock_id_of(u64 *ctx)
 {
-    u64 sk = ctx->args[0];
-    int newstate = (int)ctx->args[2];
-    if (state_change_dismissed(sk, (int)ctx->args[1], newstate))
+    u32 zero = 0;
+    u64 *anchor = sock_id_anchor.lookup(&zero);
+    return anchor ? ctx[0] - (u64)anchor : 0;
+}
+
+/* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate) */
+BTF_TRACEPOINT(inet_sock_set_state)
+{
+    const u8 *sk = (const u8 *)ctx[0];
+    if (SK_FIELD(u16, sk, AZP_SK_PROTOCOL) != AZP_IPPROTO_TCP)
         return 0;
-    const u8 *base = (const u8 *)sk;
-    u16 protocol = 0;
-    bpf_probe_read_kernel(&protocol, sizeof(protocol), base + AZP_SK_PROTOCOL);
-    if (protocol != AZP_IPPROTO_TCP)
+    u64 sock_id = sock_id_of(ctx);
+    int newstate = (int)ctx[2];
+    if (state_change_dismissed(sock_id, (int)ctx[1], newstate))
         return 0;
     struct sock_endpoints ep;
-    if (read_endpoints(base, &ep))
-        connect_state_change(sk, newstate, &ep.addrs, ep.sport, ep.dport, ep.family);
+    if (read_endpoints(sk, &ep))
+        connect_state_change(sock_id, newstate, &ep.addrs, ep.sport, ep.dport, ep.family);
     return 0;
 }
 
 /* TP_PROTO(struct sock *sk) */
-RAW_TRACEPOINT_PROBE(tcp_receive_reset)
+BTF_TRACEPOINT(tcp_receive_reset)
 {
-    reset_received(ctx->args[0]);
+    reset_received(sock_id_of(ctx));
     return 0;
 }
 
 /* TP_PROTO(struct sock *sk, const u8 ca_state) */
-RAW_TRACEPOINT_PROBE(tcp_cong_state_set)
+BTF_TRACEPOINT(tcp_cong_state_set)
 {
-    u64 sk = ctx->args[0];
-    if (!loss_needs_addrs(sk, (u8)ctx->args[1]))
+    u64 sock_id = sock_id_of(ctx);
+    if (!loss_needs_addrs(sock_id, (u8)ctx[1]))
         return 0;
     struct sock_endpoints ep;
-    if (read_endpoints((const u8 *)sk, &ep))
-        loss_entered(sk, &ep.addrs, ep.sport, ep.dport, ep.family);
+    if (read_endpoints((const u8 *)ctx[0], &ep))
+        loss_entered(sock_id, &ep.addrs, ep.sport, ep.dport, ep.family);
     return 0;
 }
 
@@ -582,9 +619,8 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
         u32 s4, d4;
         __builtin_memcpy(&s4, &args->saddr[4], 4);
         __builtin_memcpy(&d4, &args->daddr[4], 4);
-        /* bytes 8..15 of ::ffff:a.b.c.d are 00 00 ff ff a b c d (read little-endian) */
-        f.saddr_lo = 0xffff0000ULL | ((u64)s4 << 32);
-        f.daddr_lo = 0xffff0000ULL | ((u64)d4 << 32);
+        f.saddr_lo = v4_mapped_lo(s4);
+        f.daddr_lo = v4_mapped_lo(d4);
     } else if (args->family == AZP_AF_INET6) {
         __builtin_memcpy(&f.saddr_hi, &args->saddr[8], 8);
         __builtin_memcpy(&f.saddr_lo, &args->saddr[16], 8);
@@ -603,13 +639,13 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
 {
     if (args->protocol != AZP_IPPROTO_TCP)
         return 0;
-    u64 sk = (u64)args->skaddr;
+    u64 sock_id = (u64)args->skaddr;
     int newstate = args->newstate;
-    if (state_change_dismissed(sk, args->oldstate, newstate))
+    if (state_change_dismissed(sock_id, args->oldstate, newstate))
         return 0;
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
-    connect_state_change(sk, newstate, &addrs, args->sport, args->dport, args->family);
+    connect_state_change(sock_id, newstate, &addrs, args->sport, args->dport, args->family);
     return 0;
 }
 
@@ -621,18 +657,18 @@ TRACEPOINT_PROBE(tcp, tcp_receive_reset)
 
 TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 {
-    u64 sk = (u64)args->skaddr;
-    if (!loss_needs_addrs(sk, args->cong_state))
+    u64 sock_id = (u64)args->skaddr;
+    if (!loss_needs_addrs(sock_id, args->cong_state))
         return 0;
     struct addr_pair addrs;
     COPY_ADDRS(addrs, args);
-    loss_entered(sk, &addrs, args->sport, args->dport, args->family);
+    loss_entered(sock_id, &addrs, args->sport, args->dport, args->family);
     return 0;
 }
 #endif
 
 /* Retransmits stay on the classic tracepoint: they are rare (no cost worth a second
- * variant), and whether the raw arguments carry `err` depends on the kernel. */
+ * variant), and whether the tracepoint's arguments carry `err` depends on the kernel. */
 TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
 #ifdef AZP_HAVE_RETRANSMIT_ERR

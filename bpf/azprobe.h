@@ -17,7 +17,7 @@
 #define AZP_MAX_PREFIXES 4096      /* LPM trie entries (CIDRs over all AZs) */
 #define AZP_MAX_PATHS 256          /* AZP_MAX_AZ * AZP_MAX_AZ */
 /* Per-socket state the state-change handlers keep in arrays indexed by a hash of the
- * socket's address, not in hash maps: an LRU-hash update, lookup or delete cost ~250-
+ * socket's id, not in hash maps: an LRU-hash update, lookup or delete cost ~250-
  * 350 ns each here, an array slot one line (docs/probe.md "What a connection costs").
  * Connects in flight: 1 << AZP_CONNECT_SET_BITS sets of 2 slots (32 bytes each, a set is one
  * line); a connect that finds both slots of its set held is not tracked (counted in
@@ -30,7 +30,7 @@
  * program was loaded mid-connect, or a transition was missed). Longer than the kernel's
  * longest SYN retry sequence (tcp_syn_retries 6: ~127 s). */
 #define AZP_CONNECT_EXPIRY_S 180
-/* Sockets inside a Loss episode (`in_loss`): one socket address per slot, 4096 x 8
+/* Sockets inside a Loss episode (`in_loss`): one socket id per slot, 4096 x 8
  * bytes = 32 KB, so the kernel allocates it with kmalloc, not vmalloc (see the flow
  * cache below). */
 #define AZP_LOSS_SLOT_BITS 12
@@ -43,6 +43,9 @@
  * per event here (fewer TLB misses). */
 #define AZP_FLOW_CACHE_BITS 9
 #define AZP_FLOW_CACHE_SLOTS 512 /* 1 << AZP_FLOW_CACHE_BITS */
+/* The helper id tcp_probe's tp_btf handler calls for the kfunc bpf_rdonly_cast, which
+ * BCC cannot emit; the agent links it to the kfunc before loading. No helper has it. */
+#define AZP_KFUNC_RDONLY_CAST 32752
 /* Event ring buffer (BPF_MAP_TYPE_RINGBUF), in pages: a power of two. */
 #define AZP_RINGBUF_PAGES 64
 
@@ -121,7 +124,7 @@ struct azp_hist_row {
 
 /* A socket between SYN_SENT and ESTABLISHED/CLOSE: a slot of `connecting`. */
 struct azp_connect_slot {
-    u64 sk;        /* the socket's address; 0: free */
+    u64 sock_id;   /* the socket's id (azprobe.bpf.c sock_slot); 0: free */
     u64 ts_ns;     /* when it entered SYN_SENT */
     u32 path;
     u32 got_reset; /* an RST arrived while in SYN_SENT: the coming CLOSE is a refusal */

@@ -134,10 +134,14 @@ def test_delay_moves_only_the_delayed_path(lab, agent, baseline_p95, delay_ms):
         lab.clear("az-b")
     assert abs(measured[("az-a", "az-b")] - target) <= 0.10 * target, (measured, baseline_p95)
     assert abs(measured[("az-c", "az-b")] - target) <= 0.10 * target, (measured, baseline_p95)
+    # The other paths stay where they were, within 5 % of the delay: samples of the
+    # delayed path filed on another path would move its P95 by tens of ms, while this
+    # 2-core VM's scheduling alone moved a local path's P95 by up to 1.7 ms while the lab
+    # delayed az-b (a fixed 1 ms bound failed 3 runs in ~15 on that).
     for src in ("az-a", "az-c"):
         for dst in ("az-a", "az-c"):
             moved = measured[(src, dst)] - baseline_p95[(src, dst)]
-            assert abs(moved) <= 1.0, f"{src}->{dst} moved {moved:.2f} ms: {measured} vs {baseline_p95}"
+            assert abs(moved) <= 0.05 * delay_ms, f"{src}->{dst} moved {moved:.2f} ms: {measured} vs {baseline_p95}"
 
 
 def _parallel_probes(lab, dst: str, *, count: int, timeout_s: float, ipv6: bool = False) -> list:

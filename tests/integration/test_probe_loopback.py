@@ -8,12 +8,17 @@ Tracepoints are global, so other traffic shows up too, but only on other paths.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import struct
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from azprobe import bpf as bpf_consts
+from azprobe.agent import btf
 from azprobe.agent.probe import Probe
 from azprobe.agent.testing import latest_seq, path_histogram, path_total, running_agent
 from tests.helpers import wait_for
@@ -204,22 +209,81 @@ def test_connects_and_rtt_on_the_right_path(agent):
         server.close()
 
 
-def test_hooks_are_raw_where_the_kernel_has_btf(agent):
-    # This kernel has BTF: the handlers hook raw tracepoints and read the socket at BTF
-    # offsets. The other tests of this module count and attribute through them (IPv4 and
-    # IPv6 addresses, ports in the refusal events, srtt).
-    assert agent.probe.raw_hooks
-    for hook in ("tcp_probe", "inet_sock_set_state", "tcp_receive_reset", "tcp_cong_state_set"):
-        assert f"raw_tracepoint__{hook}".encode() in agent.probe.bpf.funcs
+# bpf_probe_read (4), bpf_probe_read_str (45), bpf_probe_read_{user,kernel}{,_str} (112-115)
+PROBE_READ_HELPERS = {4, 45, 112, 113, 114, 115}
+# tcp_probe's other calls: bpf_map_lookup_elem (1), bpf_jiffies64 (118).
+BPF_CALLS_OF_TCP_PROBE = {1, 118}
+
+
+def _helper_calls(bytecode: bytes) -> set[int]:
+    """The helper ids the program calls (BPF_JMP|BPF_CALL with src_reg 0)."""
+    calls = set()
+    for at in range(0, len(bytecode), 8):
+        code, regs, _off, imm = struct.unpack_from("<BBhi", bytecode, at)
+        if code == 0x85 and regs >> 4 == 0:
+            calls.add(imm)
+    return calls
+
+
+def _bpf_prog_fds() -> int:
+    """BPF programs this process holds open."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd) == "anon_inode:bpf-prog"
+        except OSError:
+            pass
+    return count
+
+
+def test_hooks_are_btf_typed_where_the_kernel_has_btf(agent):
+    # This kernel has BTF: the handlers hook tp_btf tracepoints and read the socket with
+    # plain loads at BTF offsets. The other tests of this module count and attribute
+    # through them (IPv4 and IPv6 addresses, ports in the refusal events, srtt).
+    probe = agent.probe
+    assert probe.hooks == "btf"
+    assert agent.gauges()["btf_hooks"] == 1  # azprobe_btf_hooks on /metrics
+    assert sorted(h.name for h in probe.btf_handlers) == sorted(btf.BTF_TRACEPOINTS)
+    for handler in probe.btf_handlers:
+        assert handler.link_fd is not None, handler.name
+        calls = _helper_calls(probe.bpf.dump_func(f"tp_btf__{handler.name}".encode()))
+        assert not calls & PROBE_READ_HELPERS, (handler.name, calls)
+        if handler.name == "tcp_probe":  # this kernel has bpf_rdonly_cast: the srtt read needs no helper
+            assert calls == {bpf_consts.constant("KFUNC_RDONLY_CAST"), *BPF_CALLS_OF_TCP_PROBE}, calls
+    assert set(probe.program_stats()) == set(btf.BTF_TRACEPOINTS) | {"tcp_retransmit_skb"}
+
+
+def test_a_kernel_that_refuses_a_btf_handler_gets_classic_hooks(monkeypatch, caplog):
+    # Point inet_sock_set_state's handler at tcp_probe, which has no third argument: the
+    # verifier refuses it, and the probe loads on classic tracepoints with one line.
+    real = btf.tracepoint_ids
+    monkeypatch.setattr(btf, "tracepoint_ids", lambda kernel: {
+        **real(kernel), "inet_sock_set_state": real(kernel)["tcp_probe"]})
+    before = _bpf_prog_fds()
+    with caplog.at_level("WARNING", logger="azprobe.agent.probe"):
+        probe = Probe.load()
+    try:
+        assert probe.hooks == "classic" and not probe.btf_handlers
+        assert b"tracepoint__sock__inet_sock_set_state" in probe.bpf.funcs
+        [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hooks:")]
+        assert line.startswith("hooks: classic tracepoints, not BTF-typed ones (tp_btf inet_sock_set_state "
+                               "refused ("), line
+        reason = line.split("): ", 1)[1]  # the verifier's, e.g. "invalid bpf_context access off=16 size=8"
+        assert reason.endswith(")") and reason != "no verifier log)" and not reason.startswith("processed"), line
+        assert _bpf_prog_fds() == before + len(probe.bpf.funcs)  # the refused load left nothing open
+    finally:
+        probe.close()
+    assert _bpf_prog_fds() == before
 
 
 def test_without_btf_the_classic_tracepoints_count_alike(config_file, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="azprobe.agent.probe"):
         probe = Probe.load(btf_path=tmp_path / "no-vmlinux")
-    assert not probe.raw_hooks
+    assert probe.hooks == "classic"
     assert b"tracepoint__sock__inet_sock_set_state" in probe.bpf.funcs
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("hooks:")] == [
-        f"hooks: classic tracepoints, not raw ones (cannot read {tmp_path / 'no-vmlinux'}: No such file or directory)"]
+        f"hooks: classic tracepoints, not BTF-typed ones (cannot read {tmp_path / 'no-vmlinux'}: No such file or directory)"]
     server = EchoServer(B)
     port = _closed_port(C)
     # A listener whose accept queue is full drops SYNs: a SYN timeout.
@@ -229,6 +293,7 @@ def test_without_btf_the_classic_tracepoints_count_alike(config_file, tmp_path, 
     filler = socket.create_connection((C, listener.getsockname()[1]), timeout=5, source_address=(A, 0))
     try:
         with running_agent(config_file, probe=probe) as agent:
+            assert agent.gauges()["btf_hooks"] == 0
             start = latest_seq(agent)
             events_before = max((e["id"] for e in agent.events_doc(0)["events"]), default=0)
             assert [_connect(B, server.port, payload=b"z") for _ in range(3)] == ["ok"] * 3

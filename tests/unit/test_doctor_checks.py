@@ -57,7 +57,7 @@ def test_tracepoint_checks_against_a_fake_tracefs(tmp_path):
 
 
 def test_btf_check(tmp_path):
-    from tests.unit.test_agent_btf import kernel_like_sock
+    from tests.btf_blobs import kernel_like_sock
 
     assert doctor.check_btf(tmp_path / "vmlinux").status == "fail"
     (tmp_path / "vmlinux").write_bytes(b"")
@@ -65,7 +65,10 @@ def test_btf_check(tmp_path):
     assert unreadable.status == "warn" and "classic tracepoint" in unreadable.detail
     (tmp_path / "vmlinux").write_bytes(kernel_like_sock())
     readable = doctor.check_btf(tmp_path / "vmlinux")
-    assert readable.status == "ok" and "raw tracepoint" in readable.detail
+    assert readable.status == "ok" and "BTF-typed tracepoints" in readable.detail
+    (tmp_path / "vmlinux").write_bytes(kernel_like_sock(tracepoints={}))
+    no_tracepoints = doctor.check_btf(tmp_path / "vmlinux")
+    assert no_tracepoints.status == "warn" and "no tracepoint tcp_probe" in no_tracepoints.detail
 
 
 def test_render_shows_fix_only_for_problems():
