@@ -7,12 +7,14 @@ bpf_probe_read_kernel (~200 ns a call on the CI machine) and a classic one gets 
 record the kernel builds for every event. BCC compiles such a handler but cannot load it:
 its loader looks tracing programs up as kernel functions (fentry), never as
 `btf_trace_<tracepoint>`. So the agent takes the bytecode BCC compiled (map fds already
-in it) and loads it here. Thin: the syscall, its attribute layout, and one error line.
+in it), links the kfunc calls BCC cannot emit, and loads it here. Thin: the syscall,
+its attribute layout, and one error line.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import struct
@@ -30,7 +32,7 @@ BPF_TRACE_RAW_TP = 23
 BPF_STATS_RUN_TIME = 0
 BPF_OBJ_NAME_LEN = 16
 
-# union bpf_attr's BPF_PROG_LOAD fields used here, as (offset, format).
+# union bpf_attr's BPF_PROG_LOAD fields used here: the head at offset 0, the rest by offset.
 _PROG_LOAD_HEAD = "<IIQQIIQ"  # prog_type, insn_cnt, insns, license, log_level, log_size, log_buf
 _PROG_NAME_AT = 48
 _EXPECTED_ATTACH_TYPE_AT = 68
@@ -46,7 +48,7 @@ class BPFSyscallError(OSError):
 def _syscall(cmd: int, attr: ctypes.Array) -> int:
     nr = NR_BPF.get(platform.machine())
     if nr is None:
-        raise BPFSyscallError(f"no bpf(2) syscall number known for {platform.machine()}")
+        raise BPFSyscallError(errno.ENOSYS, f"no bpf(2) syscall number known for {platform.machine()}")
     libc = ctypes.CDLL(None, use_errno=True)
     ret = libc.syscall(nr, cmd, attr, ctypes.sizeof(attr))
     if ret < 0:
@@ -97,21 +99,31 @@ class TracingProgram:
         the kernel's `btf_trace_<tracepoint>` typedef). BPFSyscallError ends with the
         verifier's verdict when the kernel refuses it."""
         if not insns or len(insns) % 8:
-            raise BPFSyscallError(f"tp_btf {tracepoint}: {len(insns)} bytes of bytecode is not whole instructions")
+            raise BPFSyscallError(errno.EINVAL, f"tp_btf {tracepoint}: {len(insns)} bytes of bytecode "
+                                                "is not whole instructions")
         code = ctypes.create_string_buffer(insns, len(insns))
-        license_ = ctypes.create_string_buffer(b"GPL")  # the helpers the handlers call are GPL-only
-        log = ctypes.create_string_buffer(_LOG_SIZE)
-        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
-        struct.pack_into(_PROG_LOAD_HEAD, attr, 0, BPF_PROG_TYPE_TRACING, len(insns) // 8,
-                         ctypes.addressof(code), ctypes.addressof(license_), 1, _LOG_SIZE, ctypes.addressof(log))
-        struct.pack_into(f"{BPF_OBJ_NAME_LEN - 1}s", attr, _PROG_NAME_AT, tracepoint.encode()[:BPF_OBJ_NAME_LEN - 1])
-        struct.pack_into("<I", attr, _EXPECTED_ATTACH_TYPE_AT, BPF_TRACE_RAW_TP)
-        struct.pack_into("<I", attr, _ATTACH_BTF_ID_AT, attach_btf_id)
-        try:
-            return cls(tracepoint, _syscall(BPF_PROG_LOAD, attr))
-        except BPFSyscallError as exc:
-            raise BPFSyscallError(exc.errno, f"tp_btf {tracepoint} refused ({exc.strerror}): "
-                                             f"{verifier_verdict(log.value.decode('utf-8', 'replace'))}") from None
+        license_ = ctypes.create_string_buffer(b"GPL")  # the helpers and kfuncs called are GPL-only
+
+        def load(log: ctypes.Array | None) -> int:
+            attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+            struct.pack_into(_PROG_LOAD_HEAD, attr, 0, BPF_PROG_TYPE_TRACING, len(insns) // 8,
+                             ctypes.addressof(code), ctypes.addressof(license_),
+                             *((1, len(log), ctypes.addressof(log)) if log is not None else (0, 0, 0)))
+            struct.pack_into(f"{BPF_OBJ_NAME_LEN - 1}s", attr, _PROG_NAME_AT,
+                             tracepoint.encode()[:BPF_OBJ_NAME_LEN - 1])
+            struct.pack_into("<I", attr, _EXPECTED_ATTACH_TYPE_AT, BPF_TRACE_RAW_TP)
+            struct.pack_into("<I", attr, _ATTACH_BTF_ID_AT, attach_btf_id)
+            return _syscall(BPF_PROG_LOAD, attr)
+
+        try:  # without a log first: logging makes the verifier slower, and it is only read on refusal
+            return cls(tracepoint, load(None))
+        except BPFSyscallError:
+            log = ctypes.create_string_buffer(_LOG_SIZE)
+            try:
+                return cls(tracepoint, load(log))  # a refusal is deterministic: this fails too
+            except BPFSyscallError as exc:
+                raise BPFSyscallError(exc.errno, f"tp_btf {tracepoint} refused ({exc.strerror}): "
+                                                 f"{verifier_verdict(log.value.decode('utf-8', 'replace'))}") from None
 
     def attach(self) -> None:
         """Start running on every hit of the tracepoint (idempotent)."""
