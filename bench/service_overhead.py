@@ -31,6 +31,15 @@ tp_btf hooks it overstates the handlers. bench/hook_overhead.py measures the who
 service's side. Handler runs and busy CPU are the whole machine's: the bench needs the
 machine otherwise idle.
 
+toggled_pairs answers the A/B question with the noise taken out: one agent runs in this
+process all along (its loop reading the maps every interval), and only its handlers are
+attached or detached between wrk runs of TOGGLE_S seconds, TOGGLE_PAIRS pairs per mode in
+ABBA order. Attaching takes microseconds, so a pair is 2 s apart instead of ~20 s, and
+the host's drift, which is slow, is the same for both arms. Reported per mode: the
+per-pair requests/s ratio (median, mean and the mean's standard error), the ratio of the
+total requests, and the per-pair P99 ratio (median). The agent's own CPU is in both
+arms; probe_cost gives its share.
+
 Then the agent's own CPU (% of one core) and RSS under the lab's traffic generators at
 about 20,000 segments/s plus 500 new connections/s.
 Goals: throughput ratio >= 0.99 (and implied_rps_ratio >= 0.99), P99 ratio <= 1.02,
@@ -56,10 +65,13 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
+from azprobe.agent.probe import Probe  # noqa: E402
+from azprobe.agent.testing import running_agent  # noqa: E402
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
 # bench/ is sys.path[0]
+from hook_overhead import Hooks  # noqa: E402
 from probe_overhead import agent_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
 
 PAIRS = int(os.environ.get("AZPROBE_BENCH_PAIRS", "5"))
@@ -67,6 +79,8 @@ RUN_S = int(os.environ.get("AZPROBE_BENCH_RUN_SECONDS", "5"))
 LOAD_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
 SETTLE_S = 3.0
 PROBE_COST_RUNS = 3
+TOGGLE_PAIRS = int(os.environ.get("AZPROBE_BENCH_TOGGLE_PAIRS", "100"))
+TOGGLE_S = 1
 MODES = (("keepalive", True), ("new_connection", False))
 NGINX_PORT = 8080
 # 3 clients x 3 targets: 56 new connections/s each = 500/s; 10 long-lived connections
@@ -155,13 +169,13 @@ class WrkRun(NamedTuple):
     requests: int
 
 
-def wrk(lab: Lab, url: str, keepalive: bool) -> WrkRun:
+def wrk(lab: Lab, url: str, keepalive: bool, seconds: int = RUN_S) -> WrkRun:
     """One wrk run: requests/s, P99 ms, busy CPU µs per request, requests."""
-    argv = ["wrk", "-t1", "-c16", f"-d{RUN_S}s", "--latency", url]
+    argv = ["wrk", "-t1", "-c16", f"-d{seconds}s", "--latency", url]
     if not keepalive:
         argv[1:1] = ["-H", "Connection: close"]
     cpu0 = busy_cpu_seconds()
-    out = lab.exec(lab.client_ns("az-a"), argv, timeout=RUN_S + 30).stdout
+    out = lab.exec(lab.client_ns("az-a"), argv, timeout=seconds + 30).stdout
     cpu1 = busy_cpu_seconds()
     rps, p99, requests = parse_wrk(out)
     return WrkRun(rps, p99, round(1e6 * (cpu1 - cpu0) / max(requests, 1), 2), requests)
@@ -231,6 +245,39 @@ def run_cost(run: WrkRun, before: dict[str, list[int]], after: dict[str, list[in
             "agent_cpu_us_per_request": 1e6 * agent_cpu_s / requests, "bpf_share": bpf_share,
             "agent_share": agent_share, "implied_rps_ratio": 1.0 - bpf_share - agent_share,
             "bpf_ns_per_event": ns_per_event, "bpf_runs_per_request": runs}
+
+
+def toggled_pairs(lab: Lab, config: Path, url: str) -> dict:
+    """Per mode, TOGGLE_PAIRS pairs of TOGGLE_S-second wrk runs with the agent's handlers
+    attached and detached (see the module docstring)."""
+    result = {}
+    with running_agent(config, probe=Probe.load()) as agent:
+        hooks = Hooks(agent.probe)  # detached until a run attaches them
+        for mode, keepalive in MODES:
+            rps_ratio, p99_ratio, requests = [], [], {False: 0, True: 0}
+            for i in range(TOGGLE_PAIRS):
+                runs = {}
+                for attached in ((False, True) if i % 2 == 0 else (True, False)):
+                    if attached:
+                        hooks.attach()
+                    try:
+                        runs[attached] = wrk(lab, url, keepalive, TOGGLE_S)
+                    finally:
+                        hooks.detach()
+                    requests[attached] += runs[attached].requests
+                rps_ratio.append(runs[True].rps / runs[False].rps)
+                p99_ratio.append(runs[True].p99_ms / runs[False].p99_ms)
+                if (i + 1) % 20 == 0:
+                    log(f"{mode}: {i + 1}/{TOGGLE_PAIRS} toggled pairs, requests/s ratio so far "
+                        f"{statistics.median(rps_ratio):.4f}")
+            result[mode] = {
+                "rps_ratio": {**spread(rps_ratio), "mean": round(statistics.mean(rps_ratio), 4),
+                              "stderr": round(statistics.stdev(rps_ratio) / len(rps_ratio) ** 0.5, 4)},
+                "requests_ratio": round(requests[True] / requests[False], 4),
+                "p99_ratio": spread(p99_ratio),
+            }
+        agent.probe.close()
+    return {"pairs": TOGGLE_PAIRS, "run_s": TOGGLE_S, **result}
 
 
 def median_by_prog(runs: list[dict], key: str, digits: int) -> dict[str, float | None]:
@@ -331,6 +378,7 @@ def main() -> None:
                     raise SystemExit(f"bench: nginx not serving: {nginx.stderr.read() if nginx.poll() else ''}")
                 time.sleep(0.2)
             service = service_pairs(lab, lab.agent_config_path, url)
+            toggled = toggled_pairs(lab, lab.agent_config_path, url)
             cost = probe_cost(lab, lab.agent_config_path, url)
             load = agent_under_load(lab, lab.agent_config_path)
             # The fallback sees its own namespace's sockets: run it in az-a's client
@@ -339,7 +387,8 @@ def main() -> None:
         finally:
             nginx.terminate()
             nginx.wait(timeout=10)
-    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "probe_cost": cost,
+    result = {"bench": "service_overhead", "pairs": PAIRS, "run_s": RUN_S, **service, "toggled": toggled,
+              "probe_cost": cost,
               "agent_under_load": load, "sockdiag_agent_under_load": fallback}
     ka, nc = service["keepalive"], service["new_connection"]
     cka, cnc = cost["keepalive"], cost["new_connection"]
@@ -348,8 +397,12 @@ def main() -> None:
         f"from CPU per request {cka['implied_rps_ratio']}, {cnc['implied_rps_ratio']}: "
         f"bpf {cka['bpf_ns_per_request']}, {cnc['bpf_ns_per_request']} ns of "
         f"{cka['cpu_us_per_request']}, {cnc['cpu_us_per_request']} µs, agent {cka['agent_cpu_us_per_request']}, "
-        f"{cnc['agent_cpu_us_per_request']} µs), "
-        f"P99 ratio <= 1.02 ({ka['p99_ratio']['median']}, {nc['p99_ratio']['median']}), agent <= 2 % "
+        f"{cnc['agent_cpu_us_per_request']} µs; "
+        f"handlers toggled {toggled['keepalive']['rps_ratio']['median']}, "
+        f"{toggled['new_connection']['rps_ratio']['median']}), "
+        f"P99 ratio <= 1.02 ({ka['p99_ratio']['median']}, {nc['p99_ratio']['median']}; handlers toggled "
+        f"{toggled['keepalive']['p99_ratio']['median']}, {toggled['new_connection']['p99_ratio']['median']}), "
+        f"agent <= 2 % "
         f"({load['agent_cpu_pct']}) and <= 160 MB ({load['agent_rss_mb']})")
     print(json.dumps(result, separators=(",", ":")))
 

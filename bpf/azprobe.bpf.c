@@ -574,12 +574,16 @@ static __always_inline u64 sock_id_of(u64 *ctx)
 /* TP_PROTO(const struct sock *sk, const int oldstate, const int newstate) */
 BTF_TRACEPOINT(inet_sock_set_state)
 {
+    int oldstate = (int)ctx[1], newstate = (int)ctx[2];
+    /* Most changes (a server socket's whole life, a client's shutdown) neither enter nor
+     * leave SYN_SENT nor close: dismissed on the arguments, before any line is touched. */
+    if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT && newstate != AZP_TCP_CLOSE)
+        return 0;
     const u8 *sk = (const u8 *)ctx[0];
     if (SK_FIELD(u16, sk, AZP_SK_PROTOCOL) != AZP_IPPROTO_TCP)
         return 0;
     u64 sock_id = sock_id_of(ctx);
-    int newstate = (int)ctx[2];
-    if (state_change_dismissed(sock_id, (int)ctx[1], newstate))
+    if (state_change_dismissed(sock_id, oldstate, newstate))
         return 0;
     struct sock_endpoints ep;
     if (read_endpoints(sk, &ep))
