@@ -254,6 +254,22 @@ def test_hooks_are_btf_typed_where_the_kernel_has_btf(agent):
     assert set(probe.program_stats()) == set(btf.BTF_TRACEPOINTS) | {"tcp_retransmit_skb"}
 
 
+def test_without_the_rdonly_cast_kfunc_tcp_probe_types_the_socket_with_a_helper(monkeypatch):
+    # Kernels before 6.2 have no bpf_rdonly_cast: tcp_probe then calls bpf_skc_to_tcp_sock
+    # (helper 137), and the verifier on this kernel takes that variant too.
+    def no_function(self, name):
+        raise btf.BTFError(f"the kernel's BTF has no function {name}")
+
+    monkeypatch.setattr(btf.BTF, "function_id", no_function)
+    probe = Probe.load()
+    try:
+        assert probe.hooks == "btf"
+        calls = _helper_calls(probe.bpf.dump_func(b"tp_btf__tcp_probe"))
+        assert 137 in calls and bpf_consts.constant("KFUNC_RDONLY_CAST") not in calls, calls
+    finally:
+        probe.close()
+
+
 def test_a_kernel_that_refuses_a_btf_handler_gets_classic_hooks(monkeypatch, caplog):
     # Point inet_sock_set_state's handler at tcp_probe, which has no third argument: the
     # verifier refuses it, and the probe loads on classic tracepoints with one line.
