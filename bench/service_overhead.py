@@ -250,34 +250,42 @@ def run_cost(run: WrkRun, before: dict[str, list[int]], after: dict[str, list[in
 def toggled_pairs(lab: Lab, config: Path, url: str) -> dict:
     """Per mode, TOGGLE_PAIRS pairs of TOGGLE_S-second wrk runs with the agent's handlers
     attached and detached (see the module docstring)."""
-    result = {}
-    with running_agent(config, probe=Probe.load()) as agent:
-        hooks = Hooks(agent.probe)  # detached until a run attaches them
-        for mode, keepalive in MODES:
-            rps_ratio, p99_ratio, requests = [], [], {False: 0, True: 0}
-            for i in range(TOGGLE_PAIRS):
-                runs = {}
-                for attached in ((False, True) if i % 2 == 0 else (True, False)):
-                    if attached:
-                        hooks.attach()
-                    try:
-                        runs[attached] = wrk(lab, url, keepalive, TOGGLE_S)
-                    finally:
-                        hooks.detach()
-                    requests[attached] += runs[attached].requests
-                rps_ratio.append(runs[True].rps / runs[False].rps)
-                p99_ratio.append(runs[True].p99_ms / runs[False].p99_ms)
-                if (i + 1) % 20 == 0:
-                    log(f"{mode}: {i + 1}/{TOGGLE_PAIRS} toggled pairs, requests/s ratio so far "
-                        f"{statistics.median(rps_ratio):.4f}")
-            result[mode] = {
-                "rps_ratio": {**spread(rps_ratio), "mean": round(statistics.mean(rps_ratio), 4),
-                              "stderr": round(statistics.stdev(rps_ratio) / len(rps_ratio) ** 0.5, 4)},
-                "requests_ratio": round(requests[True] / requests[False], 4),
-                "p99_ratio": spread(p99_ratio),
-            }
-        agent.probe.close()
+    probe = Probe.load()
+    try:
+        with running_agent(config, probe=probe):  # its loop reads the maps all along
+            result = toggle_modes(lab, url, Hooks(probe))  # detached until a run attaches them
+    finally:
+        probe.close()  # after the agent has stopped reading it
     return {"pairs": TOGGLE_PAIRS, "run_s": TOGGLE_S, **result}
+
+
+def toggle_modes(lab: Lab, url: str, hooks: Hooks) -> dict:
+    """toggled_pairs' measurement, per mode."""
+    result = {}
+    for mode, keepalive in MODES:
+        rps_ratio, p99_ratio, requests = [], [], {False: 0, True: 0}
+        for i in range(TOGGLE_PAIRS):
+            runs = {}
+            for attached in ((False, True) if i % 2 == 0 else (True, False)):
+                if attached:
+                    hooks.attach()
+                try:
+                    runs[attached] = wrk(lab, url, keepalive, TOGGLE_S)
+                finally:
+                    hooks.detach()
+                requests[attached] += runs[attached].requests
+            rps_ratio.append(runs[True].rps / runs[False].rps)
+            p99_ratio.append(runs[True].p99_ms / runs[False].p99_ms)
+            if (i + 1) % 20 == 0:
+                log(f"{mode}: {i + 1}/{TOGGLE_PAIRS} toggled pairs, requests/s ratio so far "
+                    f"{statistics.median(rps_ratio):.4f}")
+        result[mode] = {
+            "rps_ratio": {**spread(rps_ratio), "mean": round(statistics.mean(rps_ratio), 4),
+                          "stderr": round(statistics.stdev(rps_ratio) / len(rps_ratio) ** 0.5, 4)},
+            "requests_ratio": round(requests[True] / requests[False], 4),
+            "p99_ratio": spread(p99_ratio),
+        }
+    return result
 
 
 def median_by_prog(runs: list[dict], key: str, digits: int) -> dict[str, float | None]:
