@@ -315,11 +315,25 @@ static __always_inline void emit(u8 kind, u32 path, const struct addr_pair *a, u
 
 /* Connect attempts, outcomes and latency from the socket state machine. */
 
-/* State changes that neither enter nor leave SYN_SENT (a server socket's whole life, a
- * client's close) need nothing but a Loss mark forgotten: true when this is one. */
+/* True for a state change that neither enters nor leaves SYN_SENT: nothing to count. */
+static __always_inline int state_change_outside_connect(int oldstate, int newstate)
+{
+    return newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT;
+}
+
+/* True for a state change that needs nothing at all, not even the socket's id: outside a
+ * connect and not a close (a server socket's whole life but its end, a client's shutdown).
+ * Handlers whose socket reads cost a line dismiss these on their arguments first. */
+static __always_inline int state_change_needs_nothing(int oldstate, int newstate)
+{
+    return state_change_outside_connect(oldstate, newstate) && newstate != AZP_TCP_CLOSE;
+}
+
+/* State changes outside a connect need nothing but a close's Loss mark forgotten: true
+ * when this is one. */
 static __always_inline int state_change_dismissed(u64 sock_id, int oldstate, int newstate)
 {
-    if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT) {
+    if (state_change_outside_connect(oldstate, newstate)) {
         if (newstate == AZP_TCP_CLOSE)
             forget_loss(sock_id);
         return 1;
@@ -575,9 +589,7 @@ static __always_inline u64 sock_id_of(u64 *ctx)
 BTF_TRACEPOINT(inet_sock_set_state)
 {
     int oldstate = (int)ctx[1], newstate = (int)ctx[2];
-    /* Most changes (a server socket's whole life, a client's shutdown) neither enter nor
-     * leave SYN_SENT nor close: dismissed on the arguments, before any line is touched. */
-    if (newstate != AZP_TCP_SYN_SENT && oldstate != AZP_TCP_SYN_SENT && newstate != AZP_TCP_CLOSE)
+    if (state_change_needs_nothing(oldstate, newstate)) /* most changes: before any line is touched */
         return 0;
     const u8 *sk = (const u8 *)ctx[0];
     if (SK_FIELD(u16, sk, AZP_SK_PROTOCOL) != AZP_IPPROTO_TCP)
