@@ -244,3 +244,10 @@ def tracepoint_ids(btf: BTF) -> dict[str, int]:
     """Tracepoint -> attach BTF id of every hook in BTF_TRACEPOINTS; BTFError naming the
     first the kernel lacks or types differently."""
     return {tp: btf.tracepoint_id(tp, nargs) for tp, nargs in BTF_TRACEPOINTS.items()}
+
+
+def tp_btf_requirements(btf: BTF) -> tuple[dict[str, int], dict[str, int]]:
+    """What the tp_btf handlers need, (sock_offsets, tracepoint_ids); BTFError naming the
+    first thing missing. The agent decides its hooks by this, and `azprobe doctor`
+    reports by it, so the two never disagree."""
+    return sock_offsets(btf), tracepoint_ids(btf)

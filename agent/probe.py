@@ -77,6 +77,10 @@ def ephemeral_port_cflags(path: Path = PORT_RANGE) -> list[str]:
     return [f"-DAZP_EPHEMERAL_LO={lo}", f"-DAZP_EPHEMERAL_HI={hi}"]
 
 
+# Compiles the tp_btf handlers of bpf/azprobe.bpf.c and bpf/empty.bpf.c, not the classic ones.
+BTF_HOOKS_FLAG = "-DAZP_BTF_HOOKS"
+
+
 @dataclass(frozen=True)
 class BtfHooks:
     """What the BTF-typed (tp_btf) handlers need from the running kernel's BTF."""
@@ -91,11 +95,11 @@ def btf_hooks(path: Path = btf.VMLINUX_BTF) -> BtfHooks | None:
     classic tracepoints (docs/probe.md "BTF-typed tracepoints")."""
     try:
         kernel = btf.BTF.from_file(path)
-        offsets, attach_ids = btf.sock_offsets(kernel), btf.tracepoint_ids(kernel)
+        offsets, attach_ids = btf.tp_btf_requirements(kernel)
     except btf.BTFError as exc:
         log.warning("hooks: classic tracepoints, not BTF-typed ones (%s)", exc)
         return None
-    cflags = ["-DAZP_BTF_HOOKS", *(f"-D{name}={offset}" for name, offset in offsets.items())]
+    cflags = [BTF_HOOKS_FLAG, *(f"-D{name}={offset}" for name, offset in offsets.items())]
     try:  # Linux >= 6.2; without it tcp_probe types the socket with a helper instead
         kfuncs = {bpf.constant("KFUNC_RDONLY_CAST"): kernel.function_id("bpf_rdonly_cast")}
         cflags.append(f"-DAZP_TCP_SOCK_BTF_ID={kernel.struct_id('tcp_sock')}")

@@ -84,9 +84,7 @@ def check_btf(btf: Path) -> Check:
     if not btf.exists():
         return fail("kernel.btf", f"{btf} missing", "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
     try:
-        kernel = btf_reader.BTF.from_file(btf)
-        btf_reader.sock_offsets(kernel)
-        btf_reader.tracepoint_ids(kernel)
+        btf_reader.tp_btf_requirements(btf_reader.BTF.from_file(btf))
     except btf_reader.BTFError as exc:
         return warn("kernel.btf", f"{btf} present, but not usable for tp_btf hooks ({exc}): the probe hooks "
                     "classic tracepoints", "none needed; tp_btf hooks only make each event cheaper "

@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from azprobe import bpf  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
 from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
-from azprobe.agent.probe import (BtfHooks, btf_hooks, check_prerequisites, compile_program,  # noqa: E402
-                                 load_btf_handlers, program_stats)
+from azprobe.agent.probe import (BTF_HOOKS_FLAG, BtfHooks, btf_hooks, check_prerequisites,  # noqa: E402
+                                 compile_program, load_btf_handlers, program_stats)
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 
 DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
@@ -66,7 +66,7 @@ class EmptyHandler:
     kernel's BTF allows, loaded the way the agent loads its own)."""
 
     def __init__(self, hooks: BtfHooks | None) -> None:
-        self.program = compile_program(bpf.EMPTY_PROGRAM, hooks.cflags[:1] if hooks else [])
+        self.program = compile_program(bpf.EMPTY_PROGRAM, [BTF_HOOKS_FLAG] if hooks else [])
         self.handlers = load_btf_handlers(self.program, hooks) if hooks else []
 
     def stats(self) -> tuple[int, int]:
