@@ -1,10 +1,10 @@
-"""How many lying agents does it take to move a zone's share? (issue 9, docs/quorum.md)
+"""How many lying agents does it take to move a zone's share? (docs/quorum.md)
 
 For fleets of 30, 90 and 300 agents (a third per AZ, az-a/az-b/az-c) this drives the
 controller's decision path as the daemon runs it - each node's evidence -> quorum
 (controller/quorum.py) -> safety rules (controller/safety.py), 10 cycles of 1 s with the
 default [quorum] and [safety] settings - and searches the smallest number of liars for
-each attack:
+each attack on the global view (`weights`):
 
 - drain: liars (spread over az-a and az-c, the strongest placement) report az-b failing
   100 % at 2,000 ms while it is healthy;
@@ -13,10 +13,16 @@ each attack:
 - everything: liars report every zone failing while az-b is really down (a real drain
   that panic would cancel).
 
+and on each source view `weights/from/<src>` (only src's nodes vote there, so the liars
+are all in src): drain, hide and everything as above. A source view must hold until at
+least half of its AZ's reporters lie (`source_views_hold`).
+
 A share "moves" when any zone's final share differs by more than 3 points from the
 all-honest run's. Prints one line per fleet, then ONE JSON line:
-  {"min_liars": {"30": N, "90": N, "300": N}, "by_attack": {...}}
-(null: no number of liars below the fleet size moves a share with that attack).
+  {"min_liars": {"30": N, ...}, "by_attack": {...},
+   "source_views": {"30": {"az-a": {"reporters": 10, "min_liars": N, "by_attack": {...}}, ...}, ...},
+   "source_views_hold": true, ...}
+(null: no number of liars up to the pool's size moves a share with that attack).
 
     .venv/bin/python bench/liars.py [--fleets 30,90,300]
 """
@@ -34,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from azprobe.contracts.stats import ZoneStats  # noqa: E402
 from azprobe.controller.models import DefaultModel  # noqa: E402
 from azprobe.controller.quorum import NodeEvidence, QuorumConfig, judge  # noqa: E402
+from azprobe.controller.publish import GLOBAL_VIEW  # noqa: E402
 from azprobe.controller.safety import SafetyConfig, SafetyState, apply_safety  # noqa: E402
 
 AZS = ("az-a", "az-b", "az-c")
@@ -58,13 +65,13 @@ def fleet(n: int, b_down: bool, liars: list[str], lie: Lie) -> list[NodeEvidence
     return nodes
 
 
-def shares(nodes: list[NodeEvidence]) -> dict[str, int]:
+def shares(nodes: list[NodeEvidence], view_name: str = GLOBAL_VIEW) -> dict[str, int]:
     model = DefaultModel()
     safety = SafetyConfig(degraded_below=model.degraded_below)
     state = SafetyState()
     decision = None
     for cycle in range(CYCLES):
-        view = judge(nodes, model, safety.degraded_threshold, QuorumConfig(), {})[""]
+        view = judge(nodes, model, safety.degraded_threshold, QuorumConfig(), {})[view_name]
         decision = apply_safety(view.stats, view.verdicts, now=1000.0 + cycle, state=state, config=safety)
         state = decision.safety_state
     assert decision is not None
@@ -84,17 +91,22 @@ ATTACKS: dict[str, tuple[bool, tuple[str, ...], Lie]] = {
 }
 
 
+def source_attacks(src: str) -> dict[str, tuple[bool, tuple[str, ...], Lie]]:
+    """The attacks on weights/from/<src>: only src's nodes vote there, so the liars are all in src."""
+    return {name: (b_down, (src,), lie) for name, (b_down, _, lie) in ATTACKS.items() if name != "drain_one_az"}
+
+
 def moved(got: dict[str, int], want: dict[str, int]) -> bool:
     return any(abs(got[az] - want[az]) > TOLERANCE for az in want)
 
 
-def smallest(n: int, attack: str) -> int | None:
-    b_down, sources, lie = ATTACKS[attack]
-    honest = shares(fleet(n, b_down, [], lie))
+def smallest(n: int, attack: tuple[bool, tuple[str, ...], Lie], view_name: str = GLOBAL_VIEW) -> int | None:
+    b_down, sources, lie = attack
+    honest = shares(fleet(n, b_down, [], lie), view_name)
     limit = len(liar_names(n, n, sources))
 
     def moves(count: int) -> bool:
-        return moved(shares(fleet(n, b_down, liar_names(n, count, sources), lie)), honest)
+        return moved(shares(fleet(n, b_down, liar_names(n, count, sources), lie), view_name), honest)
 
     if not moves(limit):
         return None
@@ -114,14 +126,32 @@ def main() -> None:
     parser.add_argument("--fleets", default="30,90,300")
     args = parser.parse_args()
     by_attack: dict[str, dict[str, int | None]] = {}
+    source_views: dict[str, dict[str, dict]] = {}
     for n in (int(x) for x in args.fleets.split(",")):
-        found = {attack: smallest(n, attack) for attack in ATTACKS}
+        found = {name: smallest(n, attack) for name, attack in ATTACKS.items()}
         by_attack[str(n)] = found
-        print(f"fleet {n}: " + ", ".join(f"{a} {v if v is not None else 'never'}" for a, v in found.items()),
-              flush=True)
-    min_liars = {n: min((v for v in found.values() if v is not None), default=None) for n, found in by_attack.items()}
-    print(json.dumps({"min_liars": min_liars, "by_attack": by_attack, "tolerance_points": TOLERANCE,
-                      "cycles": CYCLES}, sort_keys=True))
+        print(f"fleet {n}: " + ", ".join(f"{a} {show(v)}" for a, v in found.items()), flush=True)
+        views = source_views[str(n)] = {}
+        for src in AZS:
+            in_view = {name: smallest(n, attack, src) for name, attack in source_attacks(src).items()}
+            reporters = sum(1 for node in fleet(n, False, [], ATTACKS["drain"][2]) if node.az == src)
+            views[src] = {"reporters": reporters, "min_liars": least(in_view), "by_attack": in_view}
+            print(f"fleet {n} weights/from/{src} ({reporters} reporters): "
+                  + ", ".join(f"{a} {show(v)}" for a, v in in_view.items()), flush=True)
+    min_liars = {n: least(found) for n, found in by_attack.items()}
+    holds = all(v["min_liars"] is None or 2 * v["min_liars"] >= v["reporters"]
+                for views in source_views.values() for v in views.values())
+    print(json.dumps({"min_liars": min_liars, "by_attack": by_attack, "source_views": source_views,
+                      "source_views_hold": holds, "tolerance_points": TOLERANCE, "cycles": CYCLES},
+                     sort_keys=True))
+
+
+def least(found: dict[str, int | None]) -> int | None:
+    return min((v for v in found.values() if v is not None), default=None)
+
+
+def show(value: int | None) -> str:
+    return "never" if value is None else str(value)
 
 
 if __name__ == "__main__":

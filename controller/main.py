@@ -256,7 +256,7 @@ class Controller:
                     self._write_failures, self._write_retry_at = 0, float("-inf")
                     generation = self.publisher.start_term()
                     self.term_started = True
-                    log.info("leader term starts above generation %d", generation)
+                    log.info("leader term %s starts above generation %d", self.publisher.term, generation)
                 self._publish()
             self._set_consul_up(True)
         except Fenced as exc:

@@ -9,13 +9,16 @@ Consul rolls the whole transaction back with a 409, and the caller steps down.
 What is written, and when:
 - only when a share (or a zone's / the overall state) moved since the last write, or
   every heartbeat_s, or on the first write of a term;
-- `generation` strictly increases per write; a new leader reads the current document's
-  generation and continues above it (a leader that never saw the old document still
-  cannot go backwards, because that read happens before its first write). A generation
-  above MAX_CONTINUED_GENERATION (2^52), readable or not, is not one a leader wrote
-  (2^52 writes at one a second take 140 million years): numbering restarts at 1, logged,
-  and readers take the new document by its newer `generated_at`. Continuing above it
-  would soon exceed the contract's 2^53 and wedge every later write;
+- every document carries the leader's `term`, drawn afresh (random) by start_term, and
+  `generation` strictly increases per write within it; a new leader reads the current
+  document's generation and continues above it (a leader that never saw the old
+  document still cannot go backwards, because that read happens before its first
+  write). A generation above MAX_CONTINUED_GENERATION (2^52), readable or not, is not
+  one a leader wrote (2^52 writes at one a second take 140 million years): numbering
+  restarts at 1, logged. Continuing above it would soon exceed the contract's 2^53 and
+  wedge every later write. Readers order by generation only within one term and by
+  `generated_at` across terms (azprobe.contracts.weights.is_newer), so a restart in a
+  new term is taken at once, and a future-dated document is refused by every reader;
 - `expires_at = generated_at + max(3 * heartbeat_s, 2 * session_ttl_s + lock_delay_s +
   3 * interval_s)`: a reader tolerates two missed heartbeats, and a leader fail-over
   (the old session expiring - Consul may take up to 2 x TTL - plus the lock-delay plus a
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +47,11 @@ log = logging.getLogger(__name__)
 
 GLOBAL_VIEW = ""  # the key of the global view in a views mapping; sources use their AZ name
 MAX_CONTINUED_GENERATION = 2**52  # above: not ours, restart the numbering (module docstring)
+
+
+def new_term() -> str:
+    """A leader term's id: 64 random bits in hex, so no two terms share one."""
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,7 @@ class Publisher:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     generation: int = 0
+    term: str = field(default_factory=new_term)
     counters: PublishCounters = field(default_factory=PublishCounters)
     _last_signatures: dict[str, tuple] | None = None
     _last_write_at: float | None = None
@@ -104,8 +114,8 @@ class Publisher:
         return self.settings.key(kv.weights_name(None if view == GLOBAL_VIEW else view))
 
     def start_term(self) -> int:
-        """On becoming leader: continue above the generation already in KV. Raises
-        ConsulError when Consul does not answer (then we must not write yet)."""
+        """On becoming leader: a new term, numbered above the generation already in KV.
+        Raises ConsulError when Consul does not answer (then we must not write yet)."""
         state = read_key(self.client, self.weights_key)
         current = 0
         if state.value:
@@ -121,10 +131,11 @@ class Publisher:
                     current = 0
         if current > MAX_CONTINUED_GENERATION:
             log.warning("the weights document in KV has generation %d, beyond any a leader writes: "
-                        "restarting the numbering at 1 (readers go by generated_at)", current)
+                        "restarting the numbering at 1 in a new term", current)
             self.counters.generation_restarts += 1
             current, self.generation = 0, 0
         self.generation = max(self.generation, current)
+        self.term = new_term()
         self._last_signatures = None  # first write of a term always goes out
         self._last_write_at = None
         return self.generation
@@ -146,7 +157,7 @@ class Publisher:
         for name, view in views.items():
             doc = WeightsDoc(generation=generation, generated_at=now, expires_at=now + self.expiry_s,
                              leader=self.leader_name, model=self.model_name, state=view.state,
-                             zones=dict(view.zones), source_az=view.source_az)
+                             zones=dict(view.zones), source_az=view.source_az, term=self.term)
             parse_weights(doc.dumps())  # the last line of defence: what readers will accept
             docs[name] = doc
         return docs
@@ -161,7 +172,9 @@ class Publisher:
             return None
         if GLOBAL_VIEW not in views:
             raise ValueError("views must include the global view")
-        generation = self.generation + 1 if self.generation < MAX_INT else 1
+        if self.generation >= MAX_INT:  # a numbering restarts only in a new term
+            self.generation, self.term = 0, new_term()
+        generation = self.generation + 1
         try:
             docs = self.build(views, generation, self.wall())
         except (WeightsError, ValueError, TypeError) as exc:

@@ -17,7 +17,11 @@ that source AZ):
    `needed = min(voters, max(min_nodes, ceil(fraction * voters)))` distinct nodes see it
    degraded, spread over at least min(min_source_azs, source AZs among the voters)
    source AZs. Defaults: 3 nodes, 30 %, 2 source AZs. A small fleet (fewer voters than
-   min_nodes) needs every voter.
+   min_nodes) needs every voter. A source view is one AZ's own vantage: a real broken
+   link from that AZ is seen by all its nodes, so it needs *more than*
+   `source_view_fraction` (default: half) of them, and min_nodes, and never more than
+   all: `min(voters, max(min_nodes, floor(source_view_fraction * voters) + 1))`
+   (1 voter: 1; 2: 2; 3: 3; 10: 6).
 4. **Robust figures.** The zone's published figures (success, P95, retransmit rates) are
    the per-field median over the nodes on the winning side (the degraded voters when the
    quorum holds, the others otherwise); its health, weight and share are those of the
@@ -48,6 +52,9 @@ class QuorumConfig:
 
     min_nodes: int = 3
     fraction: float = 0.30
+    # A source view degrades a zone only on MORE than this share of the source AZ's voters.
+    # Below a half a minority of one AZ's nodes would drain a zone for that AZ's consumers.
+    source_view_fraction: float = 0.5
     min_source_azs: int = 2
     min_node_samples: int = 10  # a node's evidence about one destination, to vote on it
     healthy_band: float = 0.10  # healthy zones within this much health of the best share its weight
@@ -57,6 +64,8 @@ class QuorumConfig:
         cfg = cls(
             min_nodes=section.integer("min_nodes", cls.min_nodes, min=1, max=100_000),
             fraction=section.number("fraction", cls.fraction, min=0.0, max=1.0),
+            source_view_fraction=section.number("source_view_fraction", cls.source_view_fraction,
+                                                min=0.5, max=1.0),
             min_source_azs=section.integer("min_source_azs", cls.min_source_azs, min=1, max=64),
             min_node_samples=section.integer("min_node_samples", cls.min_node_samples, min=1, max=10**9),
             healthy_band=section.number("healthy_band", cls.healthy_band, min=0.0, max=1.0),
@@ -65,7 +74,13 @@ class QuorumConfig:
         return cfg
 
     def needed(self, voters: int) -> int:
+        """Degraded votes a zone needs in the global view."""
         return min(voters, max(self.min_nodes, math.ceil(self.fraction * voters - 1e-9)))
+
+    def needed_in_source_view(self, voters: int) -> int:
+        """Degraded votes a zone needs in a source view: more than source_view_fraction
+        of the voters (a strict majority by default), at least min_nodes, at most all."""
+        return min(voters, max(self.min_nodes, math.floor(self.source_view_fraction * voters + 1e-9) + 1))
 
 
 @dataclass(frozen=True)
@@ -181,7 +196,7 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util
         sources = {v.az for v in votes}
         degraded_sources = tuple(sorted({v.az for v in degraded}))
         sources_needed = 1 if single_source else min(cfg.min_source_azs, len(sources))
-        needed = cfg.needed(len(votes))
+        needed = cfg.needed_in_source_view(len(votes)) if single_source else cfg.needed(len(votes))
         quorum = len(degraded) >= needed and len(degraded_sources) >= sources_needed and bool(degraded)
         tally = Tally(len(votes), len(degraded), needed, degraded_sources, sources_needed, quorum)
         side = degraded if quorum else [v for v in votes if not v.degraded]

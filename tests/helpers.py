@@ -40,7 +40,8 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
 
 
 def sample_weights_doc(generation: int = 1, shares: dict[str, int] | None = None, *,
-                       ttl_s: float = 60.0, now: float | None = None, source_az: str | None = None):
+                       ttl_s: float = 60.0, now: float | None = None, source_az: str | None = None,
+                       term: str | None = None):
     """A valid weights document (azprobe.contracts.weights.WeightsDoc) for consumer tests."""
     from azprobe.contracts.weights import WeightsDoc, ZoneWeights
 
@@ -51,7 +52,7 @@ def sample_weights_doc(generation: int = 1, shares: dict[str, int] | None = None
                              state="ok" if share >= 50 else "degraded", reasons=(f"share {share}",))
              for az, share in shares.items()}
     return WeightsDoc(generation=generation, generated_at=now, expires_at=now + ttl_s, leader="ctl-test",
-                      model="default", state="ok", zones=zones, source_az=source_az)
+                      model="default", state="ok", zones=zones, source_az=source_az, term=term)
 
 
 # --- prerequisites: skip on a developer's box, FAIL under CI -----------------------------

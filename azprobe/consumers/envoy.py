@@ -229,11 +229,12 @@ def _read_weights_once(settings: ConsulSettings, key: str) -> WeightsDoc | None:
         click.echo(f"azprobe: no weights at {key} in Consul at {settings.address} (is the controller "
                    f"running? check --prefix); writing equal weights", err=True)
         return None
+    now = time.time()
     try:
-        doc = parse_weights(state.value)
+        doc = parse_weights(state.value, now=now)
     except WeightsError as exc:
         raise AzprobeError(f"weights at {key} are invalid: {exc}") from None
-    if doc.is_stale():
+    if doc.is_stale(now):
         click.echo(f"azprobe: weights at {key} are stale (expired); writing equal weights", err=True)
         return None
     return doc

@@ -77,7 +77,7 @@ def load_doc(settings: ConsulSettings, source_az: str | None) -> tuple[str, Weig
         raise AzprobeError(f"no weights document at {key!r} in Consul at {settings.address} "
                            f"(is a controller running and leader? is --prefix right?)")
     try:
-        return key, parse_weights(state.value)
+        return key, parse_weights(state.value, now=time.time())
     except WeightsError as exc:
         raise AzprobeError(f"the document at {key!r} is invalid: {exc}") from None
 

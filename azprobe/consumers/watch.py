@@ -18,6 +18,11 @@ tells "fresh" / "stale" / "empty" apart, for display and diagnosis.
 Until then, errors never clear the snapshot: Consul down, a 403, a deleted key or a
 rejected document all keep the last-known-good document (the incident this project
 exists for was a reader that turned missing data into "every zone is down").
+
+Which document wins is the contract's `is_newer` (azprobe/contracts/weights.py): by
+generation within one leader term, by generated_at across terms. A document dated more
+than MAX_CLOCK_SKEW_S ahead of this watcher's clock is rejected (counted, one log line),
+so a future-dated document can neither be taken nor make later ones look older.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
 from azprobe.contracts import kv
-from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
+from azprobe.contracts.weights import WeightsDoc, WeightsError, is_newer, parse_weights
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +49,11 @@ class WatcherStatus:
     key: str
     key_absent: bool  # Consul's last successful answer: the key does not exist
     errors: int  # failed Consul calls
-    rejected: int  # documents that failed validation
-    ignored_older: int  # valid documents older than the one held
+    rejected: int  # documents that failed validation or were dated in the future
+    ignored_older: int  # valid documents not newer than the one held (contracts' is_newer)
     callback_errors: int
     last_error: str | None
     last_success_at: float | None  # unix time of the last successful Consul read
-
-
-def is_newer(candidate: WeightsDoc, current: WeightsDoc | None) -> bool:
-    """Generations only grow, but a wiped KV store restarts them: a document generated
-    later is newer too. Anything else is a replay and is ignored."""
-    if current is None:
-        return True
-    if candidate == current:
-        return False
-    return candidate.generation > current.generation or candidate.generated_at > current.generated_at
 
 
 class WeightWatcher:
@@ -174,20 +169,22 @@ class WeightWatcher:
                 self._last_error = f"key {self.key} does not exist"
             log.warning("weights key %s is absent (keeping last-known-good)", self.key)
             return
+        now = self._clock()
         try:
-            doc = parse_weights(state.value)
+            doc = parse_weights(state.value, now=now)
         except WeightsError as exc:
             with self._lock:
                 self._rejected += 1
                 self._last_error = f"rejected document at {self.key}: {exc}"
             log.warning("rejected weights document at %s: %s (keeping last-known-good)", self.key, exc)
             return
-        if not is_newer(doc, self._doc):
-            if doc != self._doc:
+        held = self._doc
+        if not is_newer(doc, held, now):
+            if held is not None and doc != held:
                 with self._lock:
                     self._ignored_older += 1
-                log.warning("ignoring weights generation %d at %s: older than %d", doc.generation,
-                            self.key, self._doc.generation if self._doc else 0)
+                log.warning("ignoring weights generation %d (term %s) at %s: not newer than generation %d (term %s)",
+                            doc.generation, doc.term or "-", self.key, held.generation, held.term or "-")
             return
         self._doc = doc  # the atomic swap
         with self._lock:

@@ -88,12 +88,12 @@ def failover_note(doc: WeightsDoc, stale: bool) -> str:
             f"are healthy; Envoy's split: {split}")
 
 
-def decode_or_explain(state: KeyState, key: str, address: str) -> WeightsDoc:
+def decode_or_explain(state: KeyState, key: str, address: str, now: float) -> WeightsDoc:
     if state.value is None:
         raise AzprobeError(f"no weights at {key} in Consul at {address} "
                            f"(is the controller running? check --prefix / --from)")
     try:
-        return parse_weights(state.value)
+        return parse_weights(state.value, now=now)
     except WeightsError as exc:
         raise AzprobeError(f"weights at {key} are invalid: {exc}") from None
 
@@ -119,7 +119,7 @@ def _watch(settings: ConsulSettings, key: str, as_json: bool) -> None:
                 problem = str(item)
             elif isinstance(item, KeyState):
                 try:
-                    doc, problem = decode_or_explain(item, key, settings.address), None
+                    doc, problem = decode_or_explain(item, key, settings.address, time.time()), None
                 except AzprobeError as exc:
                     problem = str(exc)  # keep showing the last good document, marked
             now = time.time()
@@ -169,8 +169,8 @@ def weights_command(ctx: click.Context, address: str | None, prefix: str | None,
         _watch(settings, key, as_json)
         return
     state = read_key(make_client(settings), key)
-    doc = decode_or_explain(state, key, settings.address)
     now = time.time()
+    doc = decode_or_explain(state, key, settings.address, now)
     if as_json:
         click.echo(json.dumps(doc.to_json(), indent=2, sort_keys=True))
         if doc.is_stale(now):

@@ -10,6 +10,13 @@ A rejected document raises WeightsError naming the field and is counted in `REJE
 azprobe/contracts/schema/weights.schema.json states the same rules as a JSON Schema, except what
 JSON Schema cannot say: shares summing to 100, expires_at >= generated_at, no duplicate
 keys, no NaN/Infinity literals, integers written without a fraction.
+
+Which of two documents a reader keeps (`is_newer`): a leader's numbering restarts (a
+document in KV with an implausible generation), so a generation means something only
+within its `term`, which each leader term draws afresh. Within one term the higher
+generation is newer; across terms (or without a term) the later `generated_at` is.
+Nothing dated more than MAX_CLOCK_SKEW_S ahead of the reader's clock is ever kept:
+`parse_weights(raw, now=...)` refuses it, and a held one loses to any present document.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from azprobe.contracts.window import name_problem
+
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schema" / "weights.schema.json"
 DECAY_RATE = 2.0  # weight = exp(-DECAY_RATE * (1 - H)): the decay every model's weight follows
@@ -36,12 +45,18 @@ MAX_STRING = 256
 MAX_REASONS = 64
 MAX_INT = 2**53  # beyond this a JSON number loses integer precision in most readers
 MAX_TIMESTAMP = 1e11  # unix seconds, year ~5138: anything later is garbage
+# A reader refuses a document dated further ahead of its own clock than this. Clocks are
+# NTP-synchronised (`azprobe doctor` fails above 5 s), and a document dated ahead within
+# the bound can hold a reader's choice at most this long.
+MAX_CLOCK_SKEW_S = 10.0
+MAX_TERM = 128  # a term id: 1..128 of [A-Za-z0-9._-], like a boot id
 MAX_P95_MS = 86_400_000.0  # one day
 MAX_DOC_BYTES = 512 * 1024  # Consul's value size limit
 OVERALL_STATES = frozenset({"ok", "degraded", "panic", "frozen", "stale"})
 ZONE_STATES = frozenset({"ok", "degraded", "stale", "panic", "frozen", "shifted"})
 DOC_FIELDS = ("schema", "generation", "generated_at", "expires_at", "source_az", "leader",
               "model", "state", "zones")
+OPTIONAL_DOC_FIELDS = ("term",)  # absent in documents of writers without terms: they still parse
 ZONE_FIELDS = ("weight", "share", "health", "success", "p95_ms", "util", "samples", "state",
                "reasons")
 
@@ -180,6 +195,7 @@ class WeightsDoc:
     state: str
     zones: Mapping[str, ZoneWeights]
     source_az: str | None = None
+    term: str | None = None  # the writer's leader term; generations are ordered within one
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -194,6 +210,10 @@ class WeightsDoc:
             raise WeightsError("expires_at", f"{self.expires_at} is before generated_at {self.generated_at}")
         if self.source_az is not None:
             _string(self.source_az, "source_az", allow_empty=False)
+        if self.term is not None:
+            problem = name_problem(self.term, MAX_TERM)
+            if problem:
+                raise WeightsError("term", f"{_short(self.term)} {problem}")
         _string(self.leader, "leader")
         _string(self.model, "model")
         _state(self.state, "state", OVERALL_STATES)
@@ -217,10 +237,13 @@ class WeightsDoc:
         return hash(self.dumps())
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": self.schema, "generation": self.generation,
-                "generated_at": self.generated_at, "expires_at": self.expires_at,
-                "source_az": self.source_az, "leader": self.leader, "model": self.model,
-                "state": self.state, "zones": {az: z.to_json() for az, z in self.zones.items()}}
+        doc = {"schema": self.schema, "generation": self.generation,
+               "generated_at": self.generated_at, "expires_at": self.expires_at,
+               "source_az": self.source_az, "leader": self.leader, "model": self.model,
+               "state": self.state, "zones": {az: z.to_json() for az, z in self.zones.items()}}
+        if self.term is not None:
+            doc["term"] = self.term
+        return doc
 
     def dumps(self) -> str:
         """Compact, deterministic JSON (sorted keys): equal docs give equal bytes."""
@@ -236,6 +259,30 @@ class WeightsDoc:
     def effective_state(self, now: float | None = None) -> str:
         """The overall state a reader should show: "stale" once expired."""
         return "stale" if self.is_stale(now) else self.state
+
+    def is_from_future(self, now: float | None = None) -> bool:
+        """Dated more than MAX_CLOCK_SKEW_S ahead of `now`: no reader keeps it."""
+        return self.generated_at > (time.time() if now is None else now) + MAX_CLOCK_SKEW_S
+
+    def same_term(self, other: "WeightsDoc") -> bool:
+        """Both written in one leader term, so their generations are comparable."""
+        return self.term is not None and self.term == other.term
+
+
+def is_newer(candidate: WeightsDoc, current: WeightsDoc | None, now: float) -> bool:
+    """Whether a reader holding `current` takes `candidate` (the module docstring's rule).
+    Equal documents are a replay: not newer."""
+    if candidate.is_from_future(now):
+        return False
+    if current is None:
+        return True
+    if candidate == current:
+        return False
+    if current.is_from_future(now):  # the reader's clock stepped back: drop it for a present one
+        return True
+    if candidate.same_term(current):
+        return candidate.generation > current.generation
+    return candidate.generated_at > current.generated_at
 
 
 # --- parsing ------------------------------------------------------------------------
@@ -253,10 +300,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _check_keys(doc: Mapping[str, Any], expected: tuple[str, ...], where: str) -> None:
+def _check_keys(doc: Mapping[str, Any], expected: tuple[str, ...], where: str,
+                optional: tuple[str, ...] = ()) -> None:
     for key in doc:
-        if key not in expected:
-            raise WeightsError(f"{where}{key}", f"unknown field (known: {', '.join(expected)})")
+        if key not in expected and key not in optional:
+            raise WeightsError(f"{where}{key}", f"unknown field (known: {', '.join(expected + optional)})")
     for key in expected:
         if key not in doc:
             raise WeightsError(f"{where}{key}", "is required")
@@ -283,7 +331,9 @@ def weights_from_json(doc: Any) -> WeightsDoc:
         # Checked first: a newer schema may legitimately have other fields.
         raise WeightsError("schema", f"unsupported version {_short(doc['schema'])} "
                                      f"(this azprobe reads {SCHEMA_VERSION}; upgrade the reader)")
-    _check_keys(doc, DOC_FIELDS, "")
+    _check_keys(doc, DOC_FIELDS, "", OPTIONAL_DOC_FIELDS)
+    if "term" in doc and doc["term"] is None:  # absent means "no term"; null is a writer's mistake
+        raise WeightsError("term", "None is not a string (omit the field for a document without a term)")
     zones_raw = doc["zones"]
     if not isinstance(zones_raw, Mapping):
         raise WeightsError("zones", f"expected an object of AZ -> zone, got {_short(zones_raw)}")
@@ -295,12 +345,22 @@ def weights_from_json(doc: Any) -> WeightsDoc:
         zones[az] = _zone_from_json(az, raw)
     return WeightsDoc(generation=doc["generation"], generated_at=doc["generated_at"],
                       expires_at=doc["expires_at"], source_az=doc["source_az"], leader=doc["leader"],
-                      model=doc["model"], state=doc["state"], zones=zones, schema=doc["schema"])
+                      model=doc["model"], state=doc["state"], zones=zones, term=doc.get("term"),
+                      schema=doc["schema"])
 
 
-def parse_weights(raw: bytes | str) -> WeightsDoc:
+def _refuse_future(doc: WeightsDoc, now: float) -> WeightsDoc:
+    if doc.is_from_future(now):
+        raise WeightsError("generated_at", f"{doc.generated_at:.1f} is {doc.generated_at - now:.0f} s ahead of "
+                                           f"this reader's clock (more than {MAX_CLOCK_SKEW_S:g} s): a document "
+                                           "from the future; check the writer's and this host's clocks (NTP)")
+    return doc
+
+
+def parse_weights(raw: bytes | str, *, now: float | None = None) -> WeightsDoc:
     """Decode and validate a weights document. Raises WeightsError (naming the field)
-    for anything that is not a valid document, and counts it; never anything else."""
+    for anything that is not a valid document, and counts it; never anything else.
+    Readers pass `now` (their clock): a document from the future is refused too."""
     try:
         if isinstance(raw, (bytes, bytearray, memoryview)):
             if len(raw) > MAX_DOC_BYTES:
@@ -325,7 +385,8 @@ def parse_weights(raw: bytes | str) -> WeightsDoc:
             raise WeightsError("", "JSON nested too deeply") from None
         except ValueError as exc:  # e.g. an integer literal with thousands of digits
             raise WeightsError("", f"not valid JSON: {str(exc)[:80]}") from None
-        return weights_from_json(doc)
+        parsed = weights_from_json(doc)
+        return parsed if now is None else _refuse_future(parsed, now)
     except WeightsError:
         REJECTED.inc()
         raise

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
+
+from azprobe.config import Section
 from azprobe.contracts.stats import ZoneStats
 from azprobe.controller.models import DefaultModel
 from azprobe.controller.quorum import NodeEvidence, QuorumConfig, judge
+from azprobe.errors import ConfigError
 
 AZS = ("az-a", "az-b", "az-c")
 OK = ZoneStats(success=1.0, p95_ms=10.0, samples=100)
 DOWN = ZoneStats(success=0.0, p95_ms=2000.0, samples=100)
 
 
-def _fleet(per_az: int = 10, lie=None) -> list[NodeEvidence]:
+def _fleet(per_az: int | dict[str, int] = 10, lie=None) -> list[NodeEvidence]:
     nodes = []
     for az in AZS:
-        for i in range(per_az):
+        for i in range(per_az if isinstance(per_az, int) else per_az[az]):
             name = f"{az}-{i}"
             zones = {dst: OK for dst in AZS}
             if lie:
@@ -90,3 +94,49 @@ def test_source_views_judge_their_own_nodes():
     assert set(views) == {"", *AZS}
     assert views["az-a"].tallies["az-b"].quorum and views["az-a"].tallies["az-b"].voters == 10
     assert not views["az-c"].tallies["az-b"].quorum and not views[""].tallies["az-b"].quorum
+
+
+def test_a_source_view_needs_more_than_half_of_its_voters_and_min_nodes():
+    cfg = QuorumConfig()
+    assert [cfg.needed_in_source_view(n) for n in (1, 2, 3, 4, 5, 6, 9, 10, 30)] == [1, 2, 3, 3, 3, 4, 5, 6, 16]
+    assert QuorumConfig(source_view_fraction=1.0).needed_in_source_view(10) == 10  # every voter
+
+
+def _first(k, srcs=("az-a",)):
+    def lie(name, az, zones):
+        if az in srcs and int(name.rsplit("-", 1)[1]) < k:
+            return {**zones, "az-b": DOWN}
+        return zones
+    return lie
+
+
+def test_three_liars_in_one_az_do_not_drain_a_zone_for_that_azs_consumers():
+    views = _judge(_fleet(lie=_first(3)))
+    tally = views["az-a"].tallies["az-b"]
+    assert (tally.degraded, tally.voters, tally.needed, tally.quorum) == (3, 10, 6, False)
+    assert views["az-a"].verdicts["az-b"].health >= 0.9 and views["az-a"].stats["az-b"].success == 1.0
+    assert not views[""].tallies["az-b"].quorum
+    assert not _judge(_fleet(lie=_first(5)))["az-a"].tallies["az-b"].quorum  # half is not a majority
+    assert _judge(_fleet(lie=_first(6)))["az-a"].tallies["az-b"].quorum
+
+
+def test_a_broken_link_seen_by_every_node_of_the_source_az_drains_it_in_that_view():
+    views = _judge(_fleet(lie=_first(10)))
+    assert views["az-a"].tallies["az-b"].quorum and views["az-a"].verdicts["az-b"].health < 0.9
+    assert views["az-a"].stats["az-b"].success == 0.0
+    assert not views["az-c"].tallies["az-b"].quorum  # az-c's consumers keep az-b
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_tiny_source_az_needs_every_one_of_its_nodes(size):
+    per_az = {"az-a": size, "az-b": 10, "az-c": 10}
+    assert _judge(_fleet(per_az, lie=_first(size)))["az-a"].tallies["az-b"].quorum
+    if size == 2:
+        assert not _judge(_fleet(per_az, lie=_first(1)))["az-a"].tallies["az-b"].quorum
+
+
+def test_source_view_fraction_is_validated():
+    assert QuorumConfig.from_section(Section({}, "quorum")).source_view_fraction == 0.5
+    assert QuorumConfig.from_section(Section({"source_view_fraction": 0.75}, "quorum")).source_view_fraction == 0.75
+    with pytest.raises(ConfigError, match="quorum.source_view_fraction"):
+        QuorumConfig.from_section(Section({"source_view_fraction": 0.3}, "quorum"))

@@ -3,7 +3,6 @@
 import pytest
 
 from azprobe.errors import ConfigError
-from azprobe.consumers.watch import is_newer
 from azprobe.contracts.weights import ZoneWeights
 from azprobe.consumers.weights_cli import render_table, weights_key_name
 from tests.helpers import sample_weights_doc
@@ -50,15 +49,6 @@ def test_weights_key_name():
         weights_key_name("a/b")
 
 
-def test_is_newer_accepts_growth_or_a_later_document_only():
-    old = sample_weights_doc(5, now=NOW)
-    assert is_newer(old, None)
-    assert not is_newer(old, old)
-    assert is_newer(sample_weights_doc(6, now=NOW), old)
-    assert is_newer(sample_weights_doc(1, now=NOW + 10), old)   # wiped KV restarted generations
-    assert not is_newer(sample_weights_doc(4, now=NOW - 10), old)  # a replay
-
-
 def test_a_drained_zone_is_shown_as_failover_only_with_envoys_real_split():
     doc = sample_weights_doc(18, {"az-a": 50, "az-b": 1, "az-c": 49}, ttl_s=30, now=NOW - 3)
     last = render_table(doc, "k", NOW).splitlines()[-1]
@@ -68,3 +58,14 @@ def test_a_drained_zone_is_shown_as_failover_only_with_envoys_real_split():
     assert "failover" not in render_table(sample_weights_doc(19, {"az-a": 85, "az-b": 15}, now=NOW), "k", NOW)
     stale = sample_weights_doc(20, {"az-a": 50, "az-b": 1, "az-c": 49}, ttl_s=30, now=NOW - 100)
     assert "failover" not in render_table(stale, "k", NOW)
+
+
+def test_the_cli_refuses_a_document_from_the_future():
+    from azprobe.consul import KeyState
+    from azprobe.consumers.weights_cli import decode_or_explain
+    from azprobe.errors import AzprobeError
+
+    future = sample_weights_doc(2**52 + 1, now=9e10).dumps().encode()
+    with pytest.raises(AzprobeError, match=r"weights at k are invalid: generated_at: .* a document from the future"):
+        decode_or_explain(KeyState(1, future), "k", "http://127.0.0.1:8500", NOW)
+    assert decode_or_explain(KeyState(1, sample_weights_doc(3, now=NOW).dumps().encode()), "k", "a", NOW).generation == 3

@@ -27,6 +27,7 @@ def test_schema_is_a_valid_draft_2020_12_schema():
 GOOD = [
     make_doc(),
     make_doc(source_az="az-a", state="panic"),
+    make_doc(term="0f3a9c2e4b5d6e7f"),
     with_zone(success=None, util=None, p95_ms=None, reasons=[]),
     make_doc(zones={"only": with_zone(share=100)["zones"]["az-a"]}),
     make_doc(zones={f"z{i}": with_zone(share=1 if i else 37)["zones"]["az-a"] for i in range(64)}),
