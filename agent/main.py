@@ -25,13 +25,13 @@ from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.agent.probe import Probe, ProbeEvent
 from azprobe.agent.sockdiag import SockDiagCollector
 from azprobe.agent.util import UtilisationSampler
-from azprobe.agent.windows import Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
+from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
 from azprobe import sdnotify
 from azprobe.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.sketch import Histogram
-from azprobe.contracts.window import COUNTER_FIELDS, HISTOGRAM_FIELDS, Utilisation, Window
+from azprobe.contracts.window import HISTOGRAM_FIELDS, Utilisation, Window
 
 log = logging.getLogger("azprobe.agent")
 
@@ -258,7 +258,7 @@ class Agent:
 
     def path_totals(self) -> dict[tuple[str, str], dict[str, int]]:
         with self._lock:
-            return {k: {n: v.get(n, 0) for n in COUNTER_FIELDS + ("syn_rto",)} for k, v in self._totals.items()}
+            return {k: {n: v.get(n, 0) for n in BPF_COUNTER_FIELDS} for k, v in self._totals.items()}
 
     def path_histograms(self) -> dict[tuple[str, str], dict[str, Histogram]]:
         with self._lock:
@@ -277,6 +277,8 @@ class Agent:
         return self.probe.program_stats()
 
     def gauges(self) -> dict[str, float]:
+        """The agent's scalars for /metrics: a key ending in `_total` is a count since
+        start (a counter), any other a gauge (names and help: azprobe.contracts.prom)."""
         latest = self.ring.latest()
         return {
             "window_seq": float(latest.seq if latest else 0),

@@ -27,12 +27,22 @@ class MetricsSource(Protocol):
     def identity(self) -> dict[str, str]: ...
     def latest_util(self) -> Utilisation | None: ...
     def event_totals(self) -> dict[str, int]: ...
-    def gauges(self) -> dict[str, float]: ...
+    def gauges(self) -> dict[str, float]: ...  # keys ending in `_total` are counters (contracts.prom)
     def program_stats(self) -> dict[str, tuple[int, int]]: ...
 
 
+_KINDS = {prom.COUNTER: CounterMetricFamily, prom.GAUGE: GaugeMetricFamily}
+
+
+def _family(family: prom.Family, **kwargs: float) -> CounterMetricFamily | GaugeMetricFamily:
+    """An empty family (or, with `value=`, a one-sample unlabelled one) as defined."""
+    labels = {"labels": list(family.labels)} if family.labels else {}
+    return _KINDS[family.kind](family.name, family.help, **labels, **kwargs)
+
+
 class AgentCollector:
-    """Prometheus view of the agent's cumulative totals (read at scrape time)."""
+    """Prometheus view of the agent's cumulative totals (read at scrape time). Names,
+    types and help texts come from azprobe.contracts.prom."""
 
     def __init__(self, state: MetricsSource) -> None:
         self.state = state
@@ -40,64 +50,54 @@ class AgentCollector:
     def collect(self) -> Iterable:
         ident = self.state.identity()
         node = ident["node"]
-        info = GaugeMetricFamily(prom.INFO_SERIES, "The agent's identity (value 1)",
-                                 labels=["node", "az", "boot_id"])
+        info = _family(prom.INFO)
         info.add_metric([node, ident["az"], ident["boot_id"]], 1.0)
         yield info
         util = self.state.latest_util()
         if util is not None:
-            for series, value, what in ((prom.CPU_SERIES, util.cpu, "CPU"), (prom.MEM_SERIES, util.mem, "memory")):
-                gauge = GaugeMetricFamily(series, f"Node {what} utilisation (0..1) of the latest window",
-                                          labels=["node"])
+            for family, value in ((prom.CPU, util.cpu), (prom.MEM, util.mem)):
+                gauge = _family(family)
                 gauge.add_metric([node], value)
                 yield gauge
-        gauges = self.state.gauges()
-        lost = CounterMetricFamily(prom.LOST_FAMILY, "Probe events the ring buffer had no room for", labels=["node"])
-        lost.add_metric([node], gauges.get("lost_events_total", 0.0))
-        yield lost
+        scalars = self.state.gauges()
+        for key, family in prom.NODE_SCALARS.items():
+            labelled = _family(family)
+            labelled.add_metric([node], scalars.get(key, 0.0))
+            yield labelled
         yield from self._paths(node)
-        events = CounterMetricFamily("azprobe_events", "events sent on the ring buffer", labels=["kind"])
+        events = _family(prom.EVENTS)
         for kind, n in sorted(self.state.event_totals().items()):
             events.add_metric([kind], n)
         yield events
-        stats = self.state.program_stats()
-        run_time = CounterMetricFamily("azprobe_bpf_run_time_ns", "BPF handler run time (needs "
-                                       "sysctl kernel.bpf_stats_enabled=1)", labels=["prog"])
-        run_count = CounterMetricFamily("azprobe_bpf_run_count", "BPF handler runs (needs "
-                                        "sysctl kernel.bpf_stats_enabled=1)", labels=["prog"])
-        for prog, (ns, count) in sorted(stats.items()):
-            run_time.add_metric([prog], ns)
+        run_time, run_count = _family(prom.BPF_RUN_TIME), _family(prom.BPF_RUN_COUNT)
+        for prog, (ns, count) in sorted(self.state.program_stats().items()):
+            run_time.add_metric([prog], ns / 1e9)
             run_count.add_metric([prog], count)
         yield run_time
         yield run_count
-        for name, value in sorted(gauges.items()):
-            yield GaugeMetricFamily(f"azprobe_{name}", name.replace("_", " "), value=value)
+        for key, value in sorted(scalars.items()):
+            if key not in prom.NODE_SCALARS:
+                yield _family(prom.agent_scalar(key), value=value)
 
     def _paths(self, node: str) -> Iterable:
         totals = self.state.path_totals()
         names = sorted({name for values in totals.values() for name in values})
         for name in names:
-            family = CounterMetricFamily(f"azprobe_path_{name}", f"{name} per path (src AZ -> dst AZ)",
-                                         labels=list(prom.PATH_LABELS))
+            family = _family(prom.PATH_COUNTERS[name])
             for (src, dst), values in sorted(totals.items()):
                 family.add_metric([node, src, dst], values.get(name, 0))
             yield family
         hists = self.state.path_histograms()
         for field_name in HISTOGRAM_FIELDS:
-            family = HistogramMetricFamily(prom.HISTOGRAM_FAMILY[field_name],
-                                           f"{field_name} per path, seconds (loglin-16 coarsened to "
-                                           f"{prom.BUCKETS_PER_OCTAVE} buckets per octave)",
-                                           labels=list(prom.PATH_LABELS))
+            defined = prom.PATH_HISTOGRAMS[field_name]
+            family = HistogramMetricFamily(defined.name, defined.help, labels=list(defined.labels))
             for (src, dst), by_field in sorted(hists.items()):
                 hist = by_field[field_name]
                 # sum_value: µs -> s from the bucket lower bounds (the exact sum is not kept).
                 approx_sum = sum(lower * n for lower, n in hist.counts.items()) / 1e6
                 family.add_metric([node, src, dst], prom.cumulative_buckets(hist), sum_value=approx_sum)
             yield family
-            hits = CounterMetricFamily(prom.HITS_FAMILY[field_name],
-                                       f"{field_name} samples per bucket of {prom.HISTOGRAM_FAMILY[field_name]}, "
-                                       "not cumulative, only buckets with samples (the controller's Prometheus source)",
-                                       labels=[*prom.PATH_LABELS, prom.LABEL_UPPER])
+            hits = _family(prom.PATH_HITS[field_name])
             for (src, dst), by_field in sorted(hists.items()):
                 for upper, n in prom.bucket_hits(by_field[field_name]):
                     hits.add_metric([node, src, dst, upper], n)

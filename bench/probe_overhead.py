@@ -36,6 +36,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe import bpf  # noqa: E402
+from azprobe.contracts import prom  # noqa: E402
 from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
 from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
 from azprobe.agent.probe import (BTF_HOOKS_FLAG, BtfHooks, btf_hooks, check_prerequisites,  # noqa: E402
@@ -47,7 +48,9 @@ DURATION_S = float(os.environ.get("AZPROBE_BENCH_SECONDS", "15"))
 RTT_SAMPLE_TICKS = os.environ.get("AZPROBE_BENCH_RTT_SAMPLE_TICKS", "")
 WARMUP_S = 3.0
 LOAD = TrafficSpec(rate=20.0, conns=4, interval_ms=10.0)  # per (client, target): the fixed load
-METRIC = re.compile(r'^azprobe_bpf_run_(time_ns|count)_total\{prog="([a-z_]+)"\} ([0-9.e+]+)$')
+# The agent's BPF run-time and run-count counters, one sample per handler.
+METRIC = re.compile(rf'^({prom.BPF_RUN_TIME.series}|{prom.BPF_RUN_COUNT.series})'
+                    r'\{prog="([a-z_]+)"\} ([0-9.e+-]+)$')
 
 
 def exit_on_sigterm(main_pid: int):
@@ -83,8 +86,9 @@ def agent_stats(url: str) -> dict[str, list[int]]:
     for line in urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode().splitlines():
         m = METRIC.match(line)
         if m:
-            slot = 0 if m.group(1) == "time_ns" else 1
-            out.setdefault(m.group(2), [0, 0])[slot] = int(float(m.group(3)))
+            is_time = m.group(1) == prom.BPF_RUN_TIME.series
+            value = float(m.group(3))  # run time in seconds: back to the kernel's integer ns
+            out.setdefault(m.group(2), [0, 0])[0 if is_time else 1] = round(value * 1e9) if is_time else int(value)
     return out
 
 

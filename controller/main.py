@@ -33,7 +33,7 @@ from azprobe import sdnotify
 from azprobe.address_file import format_host_port, write_address_file
 from azprobe.agenthttp import raise_file_limit
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
-from azprobe.contracts import kv
+from azprobe.contracts import kv, prom
 from azprobe.contracts.weights import WeightsError
 from azprobe.contracts.window import printable
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
@@ -108,9 +108,9 @@ class Controller:
                                                                  session_ttl_s=c.session_ttl_s,
                                                                  lock_delay_s=c.lock_delay_s,
                                                                  interval_s=c.interval_s))
-        self.metrics.add_totals({"azprobe_controller_collect": lambda: self.collector.counters,
-                                 "azprobe_controller_kv": lambda: self.publisher.counters,
-                                 "azprobe_controller_topology": lambda: self.collector.topology.counters})
+        self.metrics.add_totals({prom.COLLECT_PREFIX: lambda: self.collector.counters,
+                                 prom.KV_PREFIX: lambda: self.publisher.counters,
+                                 prom.TOPOLOGY_PREFIX: lambda: self.collector.topology.counters})
         self.operator = OperatorControls()
         self.latest_views: dict[str, WeightsView] | None = None
         self.consul_up: bool | None = None  # None: not known yet

@@ -14,10 +14,11 @@ from dataclasses import fields
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from azprobe.contracts import prom
 from azprobe.contracts.weights import ZONE_STATES, ZoneWeights
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -25,44 +26,54 @@ CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 
 
 
 class _TotalsCollector(Collector):
-    """Exports each int field of the given dataclass instances as a counter."""
+    """Exports each int field of the counters dataclass registered under a prefix as the
+    counter azprobe.contracts.prom.controller_total names."""
 
     def __init__(self, sources: Mapping[str, Callable[[], Any]]) -> None:
         self.sources = sources  # metric name prefix -> function returning a counters dataclass
+        for prefix, get in sources.items():  # a field without a help text fails at start, not at a scrape
+            for name in _int_fields(get()):
+                prom.controller_total(prefix, name)
 
     def collect(self) -> Iterable[CounterMetricFamily]:
         for prefix, get in self.sources.items():
             counters = get()
-            for f in fields(counters):
-                value = getattr(counters, f.name)
-                if isinstance(value, int):
-                    yield CounterMetricFamily(f"{prefix}_{f.name}", f"{f.name.replace('_', ' ')} (total)",
-                                              value=value)
+            for name in _int_fields(counters):
+                family = prom.controller_total(prefix, name)
+                yield CounterMetricFamily(family.name, family.help, value=getattr(counters, name))
+
+
+def _int_fields(counters: Any) -> list[str]:
+    return [f.name for f in fields(counters) if isinstance(getattr(counters, f.name), int)]
+
+
+def _gauge(family: prom.Family, registry: CollectorRegistry) -> Gauge:
+    return Gauge(family.name, family.help, family.labels, registry=registry)
 
 
 class ControllerMetrics:
     def __init__(self) -> None:
+        # `<name>_created` samples would double every counter and histogram with a second
+        # series of its own (the 0.0.4 text format has no place for them but a gauge).
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.zone_health = Gauge("azprobe_zone_health", "Health H of the destination AZ (global view)", ["az"], registry=r)
-        self.zone_weight = Gauge("azprobe_zone_weight", "Decay weight of the destination AZ", ["az"], registry=r)
-        self.zone_share = Gauge("azprobe_zone_share", "Traffic share (percent) of the destination AZ", ["az"], registry=r)
-        self.zone_p95 = Gauge("azprobe_zone_p95_ms", "P95 smoothed RTT towards the AZ (ms)", ["az"], registry=r)
-        self.zone_success = Gauge("azprobe_zone_success", "Connect success rate towards the AZ", ["az"], registry=r)
-        self.zone_state = Gauge("azprobe_zone_state", "1 for the AZ's current state", ["az", "state"], registry=r)
-        self.cycle = Histogram("azprobe_controller_cycle_seconds", "Duration of one collect+decide cycle",
-                               buckets=CYCLE_BUCKETS, registry=r)
-        self.pull = Histogram("azprobe_controller_pull_seconds", "Duration of one cycle's agent pulls",
-                              buckets=CYCLE_BUCKETS, registry=r)
-        self.agents = Gauge("azprobe_controller_agents", "Agents by state", ["state"], registry=r)
-        self.leader = Gauge("azprobe_controller_leader", "1 while this controller is the leader", registry=r)
-        self.consul_up = Gauge("azprobe_controller_consul_up", "1 while Consul answers", registry=r)
-        self.spike = Gauge("azprobe_detector_spike", "1 while the AZ's failure count is a spike", ["az"], registry=r)
-        self.spike_lambda = Gauge("azprobe_detector_lambda", "Mean failures per detector bucket", ["az"], registry=r)
-        self.generation = Gauge("azprobe_controller_generation", "Generation of the last document written",
-                                registry=r)
-        self.last_write = Gauge("azprobe_controller_last_write_timestamp", "Unix time of the last write", registry=r)
-        self.spikes = Counter("azprobe_detector_spikes", "Failure spikes detected (starts)", ["az"], registry=r)
+        self.zone_health = _gauge(prom.ZONE_HEALTH, r)
+        self.zone_weight = _gauge(prom.ZONE_WEIGHT, r)
+        self.zone_share = _gauge(prom.ZONE_SHARE, r)
+        self.zone_rtt_p95 = _gauge(prom.ZONE_RTT_P95, r)
+        self.zone_success = _gauge(prom.ZONE_SUCCESS, r)
+        self.zone_state = _gauge(prom.ZONE_STATE, r)
+        self.cycle = Histogram(prom.CYCLE.name, prom.CYCLE.help, buckets=CYCLE_BUCKETS, registry=r)
+        self.pull = Histogram(prom.PULL.name, prom.PULL.help, buckets=CYCLE_BUCKETS, registry=r)
+        self.agents = _gauge(prom.AGENTS, r)
+        self.leader = _gauge(prom.LEADER, r)
+        self.consul_up = _gauge(prom.CONSUL_UP, r)
+        self.spike = _gauge(prom.SPIKE, r)
+        self.spike_lambda = _gauge(prom.SPIKE_LAMBDA, r)
+        self.generation = _gauge(prom.GENERATION, r)
+        self.last_write = _gauge(prom.LAST_WRITE, r)
+        self.spikes = Counter(prom.SPIKES.name, prom.SPIKES.help, prom.SPIKES.labels, registry=r)
         self._spiking: dict[str, bool] = {}
         self._known_zones: set[str] = set()  # zones with gauges, to drop those that leave
 
@@ -72,7 +83,7 @@ class ControllerMetrics:
     def observe_zones(self, zones: Mapping[str, ZoneWeights]) -> None:
         """This controller's own global decision (every cycle, leader or standby)."""
         for az in self._known_zones - set(zones):
-            for g in (self.zone_health, self.zone_weight, self.zone_share, self.zone_p95, self.zone_success):
+            for g in (self.zone_health, self.zone_weight, self.zone_share, self.zone_rtt_p95, self.zone_success):
                 g.remove(az)
             for state in ZONE_STATES:
                 self.zone_state.remove(az, state)
@@ -81,7 +92,7 @@ class ControllerMetrics:
             self.zone_health.labels(az).set(z.health)
             self.zone_weight.labels(az).set(z.weight)
             self.zone_share.labels(az).set(z.share)
-            self.zone_p95.labels(az).set(z.p95_ms if z.p95_ms is not None else float("nan"))
+            self.zone_rtt_p95.labels(az).set(z.p95_ms / 1000 if z.p95_ms is not None else float("nan"))
             self.zone_success.labels(az).set(z.success if z.success is not None else float("nan"))
             for state in ZONE_STATES:
                 self.zone_state.labels(az, state).set(1.0 if z.state == state else 0.0)

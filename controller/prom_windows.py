@@ -27,8 +27,8 @@ MAX_LABEL_LEN = 253
 MAX_SAMPLES_PER_SERIES = 4000  # a lookback of an hour at 1 s scrapes
 MAX_TIMESTAMP = 1e11
 MAX_LABELS = 32
-_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_UPPER, prom.LABEL_NODE, prom.LABEL_SRC, prom.LABEL_DST, "az",
-                      "boot_id"}
+_SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_UPPER, prom.LABEL_NODE, prom.LABEL_SRC, prom.LABEL_DST,
+                      prom.LABEL_AZ, prom.LABEL_BOOT_ID}
 
 _COUNTER_BY_SERIES = {series: name for name, series in prom.COUNTER_SERIES.items()}
 _BUCKET_BY_SERIES = {series: name for name, series in prom.HITS_SERIES.items()}
@@ -158,7 +158,7 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
         node = answer.nodes[key] = NodeSeries(node=node_name)
     node.count += 1
     if name == prom.INFO_SERIES:
-        az, boot_id = _label(labels, "az"), _label(labels, "boot_id")
+        az, boot_id = _label(labels, prom.LABEL_AZ), _label(labels, prom.LABEL_BOOT_ID)
         if az is None or boot_id is None:
             return False
         for ts in samples:

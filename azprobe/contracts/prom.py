@@ -1,8 +1,9 @@
-"""The Prometheus face of the window contract: metric names, labels and histogram buckets
-the agent's /metrics exports and the controller's Prometheus source reads back.
+"""The Prometheus face of both daemons: the name, type, help text and labels of every
+series the agent's and the controller's /metrics export, and the histogram buckets the
+controller's Prometheus source reads back.
 
-Both sides import this module (they never import each other), so a name or a bucket
-bound cannot drift between writer and reader.
+The exporters and the reader import this module (agent and controller never import each
+other), so a name or a bucket bound cannot drift between writer and reader.
 
 Histograms are *classic* Prometheus histograms with a small fixed set of buckets, not
 native ones (docs/prometheus.md says why). Every bucket bound is a loglin-16 bucket
@@ -17,37 +18,224 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import COUNTER_FIELDS, HISTOGRAM_FIELDS
 
 # -- names ---------------------------------------------------------------------------
+# Every series both daemons export is named here, with its type and help text; the
+# exporters take all three from here, and `defined_families` lists them. Naming rules
+# (Prometheus's): base units (seconds, not ms or ns) as the name's last word; a counter's
+# family name has no `_total` (the exposition appends it); no gauge ends in `_total`; one
+# series per fact; help says what the series means.
 LABEL_NODE = "node"
 LABEL_SRC = "src_az"
 LABEL_DST = "dst_az"
+LABEL_AZ = "az"
+LABEL_BOOT_ID = "boot_id"
+LABEL_KIND = "kind"
+LABEL_PROG = "prog"
+LABEL_STATE = "state"
+LABEL_UPPER = "upper"
 PATH_LABELS = (LABEL_NODE, LABEL_SRC, LABEL_DST)
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
-# Counter families (the exposition appends `_total`).
-COUNTER_FAMILY = {name: f"azprobe_path_{name}" for name in COUNTER_FIELDS}
-COUNTER_SERIES = {name: f"{family}_total" for name, family in COUNTER_FAMILY.items()}
-# Histogram families in seconds (Prometheus's base unit); the window holds µs.
-HISTOGRAM_FAMILY = {"rtt_us": "azprobe_path_rtt_seconds", "connect_us": "azprobe_path_connect_seconds"}
-assert tuple(HISTOGRAM_FAMILY) == HISTOGRAM_FIELDS
+
+def counter_family_name(name: str) -> str:
+    """A counter's family name: `name` without a trailing `_total` (the exposition adds
+    it back, once)."""
+    return name.removesuffix("_total")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its name (a counter's without `_total`), type, help and labels."""
+
+    name: str
+    kind: str  # COUNTER, GAUGE or HISTOGRAM
+    help: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def series(self) -> str:
+        """The name as scraped: a counter's with `_total` (a histogram's samples add
+        `_bucket`, `_sum` and `_count`)."""
+        return f"{counter_family_name(self.name)}_total" if self.kind == COUNTER else self.name
+
+
+# ---- agent, per path (node, src_az, dst_az), cumulative since the agent started ----
+_PATH_COUNTER_HELP = {
+    "conn_attempts": "Connects this node started on the path (SYN sent)",
+    "conn_ok": "Connects on the path that reached ESTABLISHED",
+    "conn_refused": "Connects on the path refused by the peer (RST in SYN_SENT)",
+    "conn_timeout": "Connects on the path that closed in SYN_SENT without a reset (timed out or aborted)",
+    "syn_retrans": "SYN retransmits of connects on the path",
+    "retrans": "TCP segments retransmitted on the path, SYNs included",
+    "rto": "Retransmission timeouts of established connections on the path (entries into TCP_CA_Loss)",
+    "syn_rto": "Retransmission timeouts of connects still in SYN_SENT on the path (SYN timeouts)",
+}
+assert set(COUNTER_FIELDS) <= set(_PATH_COUNTER_HELP)
+# The window contract's counters and the agent's extra ones (syn_rto), by field name.
+PATH_COUNTERS = {name: Family(f"azprobe_path_{name}", COUNTER, text, PATH_LABELS)
+                 for name, text in _PATH_COUNTER_HELP.items()}
+COUNTER_SERIES = {name: f.series for name, f in PATH_COUNTERS.items()}
+# Histograms in seconds (Prometheus's base unit); the window holds µs.
+PATH_HISTOGRAMS = {
+    "rtt_us": Family("azprobe_path_rtt_seconds", HISTOGRAM, "Smoothed RTT (srtt) samples of the node's TCP "
+                     "connections on the path, seconds; _sum is approximate (bucket lower bounds)", PATH_LABELS),
+    "connect_us": Family("azprobe_path_connect_seconds", HISTOGRAM, "Connect latency (SYN sent to ESTABLISHED) "
+                         "on the path, seconds; _sum is approximate (bucket lower bounds)", PATH_LABELS),
+}
+assert tuple(PATH_HISTOGRAMS) == HISTOGRAM_FIELDS
+HISTOGRAM_FAMILY = {name: f.name for name, f in PATH_HISTOGRAMS.items()}
 HISTOGRAM_BUCKET_SERIES = {name: f"{family}_bucket" for name, family in HISTOGRAM_FAMILY.items()}
 # The same buckets, *not* cumulative and only those with samples: what the controller's
 # Prometheus source reads. A classic histogram is dense (every bucket above the data
 # changes with it: 66 series per histogram); these are ~3-6 per path, so the controller
 # decodes ~8x less. Label `upper` (the bucket's upper bound, like `le`), not `le`, so no
 # tool mistakes them for a histogram.
-HITS_FAMILY = {name: f"{family}_hits" for name, family in HISTOGRAM_FAMILY.items()}
-HITS_SERIES = {name: f"{family}_total" for name, family in HITS_FAMILY.items()}
-LABEL_UPPER = "upper"
-# Node-level series, each with the `node` label so the reader can group by node.
-INFO_SERIES = "azprobe_agent_info"  # 1, labels node, az, boot_id
-CPU_SERIES = "azprobe_agent_cpu_utilisation"  # 0..1, the util of the latest window
-MEM_SERIES = "azprobe_agent_mem_utilisation"
-LOST_FAMILY = "azprobe_agent_lost_events"  # probe events the ring buffer had no room for (counter)
-LOST_SERIES = f"{LOST_FAMILY}_total"
+PATH_HITS = {name: Family(f"{family}_hits", COUNTER, f"Samples in each bucket of {family} (by upper bound, not "
+                          "cumulative; only buckets with samples)", (*PATH_LABELS, LABEL_UPPER))
+             for name, family in HISTOGRAM_FAMILY.items()}
+HITS_SERIES = {name: f.series for name, f in PATH_HITS.items()}
+
+# ---- agent, per node: each with the `node` label, so the controller can group by node ----
+INFO = Family("azprobe_agent_info", GAUGE, "Always 1; the labels name the agent's node, AZ and boot (a new "
+              "boot_id: the agent restarted)", (LABEL_NODE, LABEL_AZ, LABEL_BOOT_ID))
+CPU = Family("azprobe_agent_cpu_utilisation", GAUGE, "Node CPU utilisation (0..1) over the agent's latest "
+             "window", (LABEL_NODE,))
+MEM = Family("azprobe_agent_mem_utilisation", GAUGE, "Node memory utilisation (0..1) at the agent's latest "
+             "window", (LABEL_NODE,))
+LOST = Family("azprobe_agent_lost_events", COUNTER, "Probe event records the kernel dropped because the ring "
+              "buffer was full (counters and histograms are unaffected)", (LABEL_NODE,))
+INFO_SERIES, CPU_SERIES, MEM_SERIES, LOST_SERIES = INFO.series, CPU.series, MEM.series, LOST.series
+
+# ---- agent: the probe and the agent itself ----
+EVENTS = Family("azprobe_events", COUNTER, "Connection events the probe reported with their addresses "
+                "(/v1/events), by kind", (LABEL_KIND,))
+BPF_RUN_TIME = Family("azprobe_bpf_run_time_seconds", COUNTER, "CPU time spent in each BPF handler (stays 0 "
+                      "unless sysctl kernel.bpf_stats_enabled=1)", (LABEL_PROG,))
+BPF_RUN_COUNT = Family("azprobe_bpf_run_count", COUNTER, "Runs of each BPF handler (stays 0 unless sysctl "
+                       "kernel.bpf_stats_enabled=1)", (LABEL_PROG,))
+# The agent's scalars (`MetricsSource.gauges()` keys), exported by one rule: a key ending
+# in `_total` is a count since start, counter `azprobe_<key>`; any other key is gauge
+# `azprobe_<key>`. Each needs its help text here. NODE_SCALARS are exported with the
+# `node` label instead, as the family given.
+_AGENT_SCALAR_HELP = {
+    "window_seq": "Sequence number of the agent's latest window (1, 2, ... per boot; stuck: the agent stopped "
+                  "reading the probe)",
+    "untracked_connects_total": "Connects whose outcome the BPF probe could not track (their set of in-flight "
+                                "slots was full); their attempts still count",
+    "topology_prefixes": "Address prefixes in the agent's topology (all AZs)",
+    "rtt_sample_ticks": "The BPF probe takes RTT samples during one kernel tick in this many (0: the sock_diag "
+                        "collector)",
+    "btf_hooks": "1 when the BPF probe hooks BTF-typed tracepoints (tp_btf), 0 for classic tracepoints or the "
+                 "sock_diag collector",
+}
+NODE_SCALARS = {"lost_events_total": LOST}
+
+
+def agent_scalar(key: str) -> Family:
+    """The family of agent scalar `key`, by the rule above; KeyError naming the fix when
+    the key has no help text."""
+    if key in NODE_SCALARS:
+        return NODE_SCALARS[key]
+    text = _AGENT_SCALAR_HELP.get(key)
+    if text is None:
+        raise KeyError(f"agent scalar {key!r} has no help text: add it to azprobe.contracts.prom._AGENT_SCALAR_HELP")
+    is_counter = key.endswith("_total")
+    return Family(f"azprobe_{counter_family_name(key)}", COUNTER if is_counter else GAUGE, text)
+
+
+# ---- controller: its own global decision (leader or standby) and its loop ----
+ZONE_HEALTH = Family("azprobe_zone_health", GAUGE, "Health H (0..1) of the destination AZ in this controller's "
+                     "global decision", (LABEL_AZ,))
+ZONE_WEIGHT = Family("azprobe_zone_weight", GAUGE, "Decay weight exp(-2 (1 - H)) of the destination AZ",
+                     (LABEL_AZ,))
+ZONE_SHARE = Family("azprobe_zone_share", GAUGE, "Traffic share of the destination AZ, integer percent (the AZs "
+                    "sum to 100)", (LABEL_AZ,))
+ZONE_RTT_P95 = Family("azprobe_zone_rtt_p95_seconds", GAUGE, "P95 smoothed RTT towards the destination AZ, "
+                      "seconds (NaN without RTT samples)", (LABEL_AZ,))
+ZONE_SUCCESS = Family("azprobe_zone_success", GAUGE, "Connect success rate (0..1) towards the destination AZ: "
+                      "ok / (ok + refused + timed out); NaN when no connect completed", (LABEL_AZ,))
+ZONE_STATE = Family("azprobe_zone_state", GAUGE, "1 for the destination AZ's current state, 0 for the others",
+                    (LABEL_AZ, LABEL_STATE))
+CYCLE = Family("azprobe_controller_cycle_seconds", HISTOGRAM, "Wall time of one controller cycle (collect, "
+               "decide, publish)")
+PULL = Family("azprobe_controller_pull_seconds", HISTOGRAM, "Wall time of one cycle's reads of the agents (or "
+              "of Prometheus)")
+AGENTS = Family("azprobe_controller_agents", GAUGE, "Agents by state: up (new windows), stale (no new window "
+                "for stale_after_s), failing (the last read failed)", (LABEL_STATE,))
+LEADER = Family("azprobe_controller_leader", GAUGE, "1 while this controller holds the leader lock, else 0")
+CONSUL_UP = Family("azprobe_controller_consul_up", GAUGE, "1 while Consul answers this controller, else 0")
+GENERATION = Family("azprobe_controller_generation", GAUGE, "Generation of the last weights document this "
+                    "controller wrote")
+LAST_WRITE = Family("azprobe_controller_last_write_timestamp_seconds", GAUGE, "Unix time (generated_at) of the "
+                    "last weights document this controller wrote")
+SPIKE = Family("azprobe_detector_spike", GAUGE, "1 while the failures towards the AZ in the current detector "
+               "bucket are a spike, else 0", (LABEL_AZ,))
+SPIKE_LAMBDA = Family("azprobe_detector_lambda", GAUGE, "Mean failures per detector bucket towards the AZ over "
+                      "the detector's window (the Poisson baseline a spike is judged against)", (LABEL_AZ,))
+SPIKES = Family("azprobe_detector_spikes", COUNTER, "Failure spikes towards the AZ that started", (LABEL_AZ,))
+
+# The controller's totals (`ControllerMetrics.add_totals`), one rule: every int field `f`
+# of a counters dataclass registered under a prefix is counter `<prefix>_<f>` (exposition
+# `_total`), with its help text from here.
+COLLECT_PREFIX = "azprobe_controller_collect"
+KV_PREFIX = "azprobe_controller_kv"
+TOPOLOGY_PREFIX = "azprobe_controller_topology"
+_TOTALS_HELP: dict[str, dict[str, str]] = {
+    COLLECT_PREFIX: {
+        "windows_ingested": "Agent windows accepted into the window store",
+        "windows_garbage": "Agent windows (or Prometheus series) dropped because they break the window contract",
+        "windows_duplicate": "Agent windows dropped because their seq or their node's window for that end was "
+                             "already held",
+        "windows_too_old": "Agent windows skipped because they end too long before the agent's newest one (older "
+                           "than the window store holds)",
+        "gap_windows": "Agent windows lost before this controller read them (the agent's ring wrapped)",
+        "gap_events": "Times a read found a gap in an agent's window sequence",
+        "agent_restarts": "Agent restarts seen (a new boot_id)",
+        "pull_errors": "Reads of an agent (or of Prometheus) that failed: refused, HTTP error, bad body",
+        "pull_timeouts": "Reads of an agent (or of Prometheus) that timed out",
+    },
+    KV_PREFIX: {
+        "writes": "Weights transactions this controller committed to Consul",
+        "conflicts": "Weights transactions Consul rolled back because this controller no longer held the lock",
+        "invalid_docs": "Weights views this controller refused to write because they break the weights contract "
+                        "(a bug: the log says which)",
+        "skipped_unchanged": "Leader cycles that wrote nothing because no share or state changed and no heartbeat "
+                             "was due",
+        "write_errors": "Weights transactions Consul failed (not conflicts); retried with backoff",
+        "generation_restarts": "Times the leader found an implausible generation in KV and restarted the "
+                               "numbering at 1",
+    },
+    TOPOLOGY_PREFIX: {
+        "windows_unknown_az": "Agent windows dropped whole because their own AZ is not configured",
+        "paths_foreign_src": "Window paths dropped because their source is not the window's own AZ",
+        "paths_unknown_dst": "Window paths dropped because their destination is neither configured nor other",
+    },
+}
+
+
+def controller_total(prefix: str, field_name: str) -> Family:
+    """The counter of field `field_name` of the totals registered under `prefix`, by the
+    rule above; KeyError naming the fix when it has no help text."""
+    text = _TOTALS_HELP.get(prefix, {}).get(field_name)
+    if text is None:
+        raise KeyError(f"{prefix}_{field_name}: no help text; add {field_name!r} to "
+                       f"azprobe.contracts.prom._TOTALS_HELP[{prefix!r}]")
+    return Family(f"{prefix}_{counter_family_name(field_name)}", COUNTER, text)
+
+
+def defined_families() -> list[Family]:
+    """Every family defined here: what the agent's and the controller's /metrics may
+    export (docs/contracts.md "Metrics" lists them)."""
+    fixed = [v for v in globals().values() if isinstance(v, Family)]
+    return [*PATH_COUNTERS.values(), *PATH_HISTOGRAMS.values(), *PATH_HITS.values(), *fixed,
+            *(agent_scalar(key) for key in _AGENT_SCALAR_HELP),
+            *(controller_total(prefix, name) for prefix, names in _TOTALS_HELP.items() for name in names)]
+
 
 MAX_AZ_NAMES = 17  # the probe's 16 AZ ids plus "other"
 

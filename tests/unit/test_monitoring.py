@@ -15,11 +15,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from azprobe.agent.prom import AgentCollector
+from azprobe.contracts import prom
 from azprobe.contracts.weights import ZoneWeights
 from azprobe.controller.collect import CollectCounters
 from azprobe.controller.detector import DetectorResult
 from azprobe.controller.metrics import ControllerMetrics
 from azprobe.controller.publish import PublishCounters
+from azprobe.controller.topology import TopologyCounters
 from tests.fakeagent import PathSpec
 from tests.promagent import SyntheticAgent
 
@@ -92,7 +94,8 @@ def _dashboard_exprs() -> list[str]:
 def exported_names() -> set[str]:
     """Series names the controller's and the agent's /metrics really expose."""
     metrics = ControllerMetrics()
-    metrics.add_totals({"azprobe_controller_collect": CollectCounters, "azprobe_controller_kv": PublishCounters})
+    metrics.add_totals({prom.COLLECT_PREFIX: CollectCounters, prom.KV_PREFIX: PublishCounters,
+                        prom.TOPOLOGY_PREFIX: TopologyCounters})
     metrics.observe_zones({"az-a": ZoneWeights(weight=1.0, share=100, health=1.0, success=1.0, p95_ms=1.0, util=0.1,
                                                 samples=100, state="ok", reasons=())})
     metrics.observe_spikes({"az-a": DetectorResult(spike=True, reason="", current=3, lam=1.0, p95=2.0,
