@@ -59,6 +59,7 @@ MAX_SEQ = 2**53  # a window's seq: JSON-exact integers (a synthetic source may n
 MAX_CONNECT_CARRY = 65_536  # completions beyond this window's attempts (see the module docstring)
 MAX_PATHS = 1024  # the BPF side has 16 x 16 paths; room for a bigger build, not for garbage
 MAX_WINDOW_S = 3600.0
+MIN_INTERVAL_S = 0.1  # an agent's shortest interval (agent.interval_s): at most 10 windows a second
 MAX_AZ_NAME = 63
 MAX_NODE_NAME = 253
 MAX_BOOT_ID = 128
