@@ -12,7 +12,7 @@ from typing import Any
 from azprobe.agentclient import read_token_file
 from azprobe import bpf
 from azprobe.config import Section, load_toml, parse_host_port, parse_topology
-from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, name_problem, printable
+from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, MIN_INTERVAL_S, name_problem, printable
 from azprobe.errors import ConfigError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -85,7 +85,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
                               f"use 1..{limit} of letters, digits, '.', '_', '-'"
                               + (" (set it explicitly: the host name does not fit)" if key == "name" else ""))
     listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"), listen=True)
-    interval_s = agent.number("interval_s", 1.0, min=0.1, max=60.0)
+    interval_s = agent.number("interval_s", 1.0, min=MIN_INTERVAL_S, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)
     token_file = agent.string("token_file", "")
     token = ""

@@ -8,10 +8,15 @@ a seq we already hold is a duplicate and ignored; a window that fails parse_wind
 garbage: counted and ignored. Pulls run concurrently with a per-request timeout and a
 cycle budget, so a slow or dead agent costs one timeout, never the cycle.
 
-Identity (docs/quorum.md): an agent is its `node` name. The store keeps at most one
-window per (node, end): the same node reached by two URLs, or an agent replaying its
-ring under a new boot_id every pull, adds nothing the second time. Every window passes
-the controller's topology filter (controller/topology.py) before it is stored.
+Identity (docs/quorum.md "Identity"): a URL is one vantage point, named by its first
+valid answer (`Identities`). An answer without a node name, one under another name than
+the URL's, or one naming a node another URL speaks for is refused and counted; a name
+changes hands only once its speaker has been silent for the forget time. A window whose
+node differs from its answer's is garbage. The store keeps at most one window per
+(node, end): an agent replaying its ring under a new boot_id every pull adds nothing the
+second time; and at most `node_window_cap` windows per node, so one agent cannot flood
+it. Every window passes the controller's topology filter (controller/topology.py)
+before it is stored.
 
 The store keeps the windows of the evaluation window, keyed (node, end), and
 stamps each with the controller's clock *shifted by the window's age on the agent's own
@@ -32,7 +37,8 @@ from dataclasses import dataclass, field
 
 from azprobe.agentclient import pull_page
 from azprobe.agenthttp import MAX_BODY_BYTES, AgentHttpClient, Endpoint
-from azprobe.contracts.window import OTHER_AZ, PathStats, Utilisation, Window, WindowError, printable
+from azprobe.contracts.window import (MIN_INTERVAL_S, OTHER_AZ, PathStats, Utilisation, Window, WindowError,
+                                     printable)
 from azprobe.contracts.windowcodec import PendingWindow, WindowsPage, page_from_doc
 from azprobe.controller.merge import Aggregate
 from azprobe.controller.topology import Topology
@@ -40,6 +46,17 @@ from azprobe.controller.topology import Topology
 log = logging.getLogger(__name__)
 
 RESTART_LOG_EVERY_S = 60.0
+FORGET_AFTER_WINDOWS = 3  # the default forget time ([agents] forget_after_s), in evaluation windows
+
+
+def node_window_cap(horizon_s: float) -> int:
+    """The most windows the store holds for one node: the evaluation window at the agents'
+    shortest interval, a quarter more for the pull in flight and clock jitter, and two."""
+    return math.ceil(1.25 * horizon_s / MIN_INTERVAL_S) + 2
+
+
+class AnswerRefused(WindowError):
+    """An answer the collector does not take from this URL (identity, docs/quorum.md)."""
 
 
 class AgentState(str, enum.Enum):
@@ -88,6 +105,8 @@ class CollectCounters:
     windows_garbage: int = 0
     windows_duplicate: int = 0
     windows_too_old: int = 0  # backlog older than the evaluation window: cursor moves on
+    windows_over_cap: int = 0  # the node already holds node_window_cap windows: cursor moves on
+    answers_refused: int = 0  # no node name, or a name this URL may not speak for (Identities)
     gap_windows: int = 0  # windows an agent's ring dropped before we could read them
     gap_events: int = 0
     agent_restarts: int = 0
@@ -191,7 +210,8 @@ class _NodeTotals:
 
 
 class WindowStore:
-    """Windows of the last `horizon_s` seconds; a key is stored once, ever within the horizon.
+    """Windows of the last `horizon_s` seconds; a key is stored once, ever within the horizon,
+    and a node holds at most `max_node_windows` (node_window_cap) at once.
 
     A heap ordered by `at`: arrivals are only roughly ordered (each agent's backlog is
     back-dated by its own age), and pruning must stay O(log n) per window at 25,000+.
@@ -213,10 +233,17 @@ class WindowStore:
         self._slots: dict[int, _Slot] = {}
         self._tiebreak = 0
         self.newest_at: float | None = None
+        self.max_node_windows = node_window_cap(horizon_s)
+
+    def room(self, node: str) -> int:
+        """How many more windows `node` may add before its cap."""
+        totals = self._nodes.get(node)
+        return self.max_node_windows - (totals.windows if totals is not None else 0)
 
     def add(self, agent: str, window: Window, at: float) -> bool:
+        """Store one window; False when this (node, end) is already held or the node is at its cap."""
         key = (window.node, window.end)
-        if key in self._keys:
+        if key in self._keys or self.room(window.node) <= 0:
             return False
         self._keys.add(key)
         self.agent_node[agent] = window.node
@@ -282,6 +309,50 @@ class PullResult:
     states: dict[str, int] = field(default_factory=dict)
 
 
+class Identities:
+    """Which agent URL speaks for which node name. A URL is named by its first accepted
+    answer and a name belongs to one URL at a time: one agent cannot speak for its
+    neighbours, nor rotate through their names. A name changes hands (a real rename, a
+    reused address, a node now reached by another URL) only once it has been silent for
+    `forget_after_s`: by then its windows have left the evaluation window."""
+
+    def __init__(self, forget_after_s: float) -> None:
+        self.forget_after_s = forget_after_s
+        self._speaker: dict[str, tuple[str, float]] = {}  # node -> (URL, clock of its last accepted answer)
+        self._name: dict[str, str] = {}  # URL -> node; the inverse of _speaker
+
+    def claim(self, url: str, node: str, now: float) -> str:
+        """Record that `url` answered as `node` at `now`: "" when it may, else why not."""
+        bound = self._name.get(url)
+        if bound is not None and bound != node:
+            if now - self._speaker[bound][1] < self.forget_after_s:
+                return (f"answers as node {printable(node, 40)!r} but speaks for {printable(bound, 40)!r}: "
+                        f"a new name is taken once the old one has been silent for {self.forget_after_s:g} s")
+            self._release(bound)
+        holder = self._speaker.get(node)
+        if holder is not None and holder[0] != url:
+            if now - holder[1] < self.forget_after_s:
+                return (f"answers as node {printable(node, 40)!r}, which {printable(holder[0], 200)} speaks for: "
+                        f"one URL per node")
+            self._release(node)
+        self._speaker[node] = (url, now)
+        self._name[url] = node
+        return ""
+
+    def node_of(self, url: str) -> str | None:
+        return self._name.get(url)
+
+    def prune(self, now: float) -> None:
+        """Forget names silent for the forget time (memory stays one entry per live URL)."""
+        for node in [n for n, (_, at) in self._speaker.items() if now - at >= self.forget_after_s]:
+            self._release(node)
+
+    def _release(self, node: str) -> None:
+        url, _ = self._speaker.pop(node)
+        if self._name.get(url) == node:
+            del self._name[url]
+
+
 class Collector:
     """Owns the agents' cursors and the window store. One instance per controller."""
 
@@ -298,6 +369,7 @@ class Collector:
         topology: Topology | None = None,
         token: str = "",
         max_body_bytes: int = MAX_BODY_BYTES,
+        forget_after_s: float | None = None,
     ) -> None:
         self.topology = topology or Topology()
         self.pull_timeout_s = pull_timeout_s
@@ -307,6 +379,8 @@ class Collector:
         self.concurrency = concurrency
         self.clock = clock
         self.store = WindowStore(evaluation_window_s, slot_s)
+        self.identities = Identities(forget_after_s if forget_after_s is not None
+                                     else FORGET_AFTER_WINDOWS * evaluation_window_s)
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()
         self._new: list[Window] = []  # stored since the last take_new(): the detector's input
@@ -345,9 +419,34 @@ class Collector:
 
     def ingest(self, cursor: AgentCursor, body: WindowsPage | object, now: float) -> int:
         """Apply one /v1/windows response (a decoded page, or a JSON document) to the
-        cursor and the store; returns windows stored."""
+        cursor and the store; returns windows stored. Raises AnswerRefused (counted) for
+        an answer this URL may not give, leaving the cursor as it was."""
         page = body if isinstance(body, WindowsPage) else page_from_doc(body)
-        boot_id = page.boot_id
+        self._check_identity(cursor, page, now)
+        self._follow_boot(cursor, page.boot_id, now)
+        cursor.node = page.node
+        cursor.az = page.az or cursor.az
+        fresh, skipped_seqs, newest_end = self._validate(cursor, page, self._unread(cursor, page))
+        fresh.sort(key=lambda w: w.seq)
+        self._count_gaps(cursor, skipped_seqs, fresh)
+        cursor.last_seq = max([cursor.last_seq, *skipped_seqs, *(w.seq for w in fresh)])
+        if newest_end is not None:
+            cursor.newest_end = newest_end
+        stored = self._store(cursor, fresh, newest_end, now)
+        self.counters.windows_ingested += stored
+        if stored:
+            cursor.last_new_window = now
+        return stored
+
+    def _check_identity(self, cursor: AgentCursor, page: WindowsPage, now: float) -> None:
+        """A URL speaks for one node, the one its answers name (Identities)."""
+        problem = "answers without a node name" if not page.node else \
+            self.identities.claim(cursor.target.url, page.node, now)
+        if problem:
+            self.counters.answers_refused += 1
+            raise AnswerRefused(f"answer refused: {problem}")
+
+    def _follow_boot(self, cursor: AgentCursor, boot_id: str, now: float) -> None:
         if cursor.boot_id is not None and boot_id != cursor.boot_id:
             # The agent restarted: the old boot's windows stay where they are (already
             # counted once); the new boot starts a fresh cursor.
@@ -359,42 +458,51 @@ class Collector:
             cursor.last_seq = 0
             cursor.newest_end = None
         cursor.boot_id = boot_id
-        node = page.node or None
-        cursor.node = node or cursor.node
-        cursor.az = page.az or cursor.az
 
-        # Cheap pre-filters on seq and end, before the (costly) full validation:
-        # a seq we already read is a duplicate, and a backlog window older than the
-        # evaluation window (by the agent's own clock) will not be stored anyway.
-        candidates: list[PendingWindow] = []
-        skipped_seqs: set[int] = set()  # read but not stored (garbage, too old): not gaps
-        newest_end = cursor.newest_end
+    def _unread(self, cursor: AgentCursor, page: WindowsPage) -> list[PendingWindow]:
+        """The page's windows past the cursor; a seq already read is a duplicate."""
+        unread = []
         for pending in page.windows:
-            seq = pending.seq
-            if seq is not None and seq <= cursor.last_seq:
+            if pending.seq is not None and pending.seq <= cursor.last_seq:
                 self.counters.windows_duplicate += 1
-                continue
-            end = pending.end
-            if end is not None and (newest_end is None or end > newest_end):
-                newest_end = end
-            candidates.append(pending)
+            else:
+                unread.append(pending)
+        return unread
 
+    def _validate(self, cursor: AgentCursor, page: WindowsPage,
+                  candidates: list[PendingWindow]) -> tuple[list[Window], set[int], float | None]:
+        """The windows to store, the seqs read but not stored (garbage, too old, over the
+        node's cap: not gaps), and the newest `end` of a valid window (the agent's clock).
+
+        Newest first, so that the age reference comes only from windows that validated
+        (one window ending at +inf cannot age every later one out), and so that when the
+        node's cap leaves room for a few, the newest are kept. The cheap filters (too old
+        by the agent's own clock, no room left) run before the costly validation."""
+        room = self.store.room(page.node)
+        newest_end = cursor.newest_end
         fresh: list[Window] = []
+        skipped_seqs: set[int] = set()
+        candidates.sort(key=lambda p: -p.end if p.end is not None else math.inf)
         for pending in candidates:
             seq, end = pending.seq, pending.end
-            if end is not None and newest_end is not None and newest_end - end > self.store.horizon_s \
-                    and seq is not None:
+            if seq is not None and end is not None and newest_end is not None \
+                    and newest_end - end > self.store.horizon_s:
                 self.counters.windows_too_old += 1
                 skipped_seqs.add(seq)
                 continue
+            if room <= 0:
+                self.counters.windows_over_cap += 1
+                if seq is not None:
+                    skipped_seqs.add(seq)
+                continue
             try:
                 window = pending.parse()
-                if window.boot_id != boot_id:
+                if window.boot_id != page.boot_id:
                     raise WindowError(f"boot_id: {printable(window.boot_id, 40)!r} differs from the response's "
-                                      f"{printable(boot_id, 40)!r}")
-                if node is not None and window.node != node:  # one response speaks for one node
+                                      f"{printable(page.boot_id, 40)!r}")
+                if window.node != page.node:  # one response speaks for one node
                     raise WindowError(f"node: {printable(window.node, 40)!r} differs from the response's "
-                                      f"{printable(node, 40)!r}")
+                                      f"{printable(page.node, 40)!r}")
             except WindowError as exc:
                 self.counters.windows_garbage += 1
                 log.debug("garbage window from %s: %s", printable(cursor.target.url, 200), exc)
@@ -402,17 +510,20 @@ class Collector:
                 if seq is not None:
                     skipped_seqs.add(seq)
                 continue
+            if newest_end is None or window.end > newest_end:
+                newest_end = window.end
             admitted = self.topology.admit(window)
             if admitted is None:
                 if seq is not None:
                     skipped_seqs.add(seq)
                 continue
             fresh.append(admitted)
-        fresh.sort(key=lambda w: w.seq)
-        last_seq = max([cursor.last_seq, *skipped_seqs, *(w.seq for w in fresh)])
+            room -= 1
+        return fresh, skipped_seqs, newest_end
 
-        # A gap: the ring no longer holds seqs we never read. On first contact (or a new
-        # boot) we take what the ring has on purpose, so a first seq > 1 is not a gap.
+    def _count_gaps(self, cursor: AgentCursor, skipped_seqs: set[int], fresh: list[Window]) -> None:
+        """A gap: the ring no longer holds seqs we never read. On first contact (or a new
+        boot) we take what the ring has on purpose, so a first seq > 1 is not a gap."""
         read = sorted(skipped_seqs | {w.seq for w in fresh})
         expected = cursor.last_seq + 1
         for i, seq in enumerate(read):
@@ -421,6 +532,8 @@ class Collector:
                 self.counters.gap_windows += seq - expected
             expected = seq + 1
 
+    def _store(self, cursor: AgentCursor, fresh: list[Window], newest_end: float | None, now: float) -> int:
+        """Stamp each window by its age on the agent's clock and store it; returns windows stored."""
         stored = 0
         for w in fresh:
             age = max(0.0, (newest_end if newest_end is not None else w.end) - w.end)
@@ -429,12 +542,6 @@ class Collector:
                 stored += 1
             else:  # this node's window for this `end` is already held (another URL, a new boot_id)
                 self.counters.windows_duplicate += 1
-        cursor.last_seq = last_seq
-        if newest_end is not None:
-            cursor.newest_end = newest_end
-        self.counters.windows_ingested += stored
-        if stored:
-            cursor.last_new_window = now
         return stored
 
     def take_new(self) -> list[Window]:
@@ -469,6 +576,9 @@ class Collector:
             self._mark_failed(cursor, f"timeout after {self.pull_timeout_s}s")
             self.counters.pull_timeouts += 1
             return -1
+        except AnswerRefused as exc:  # counted by ingest
+            self._mark_failed(cursor, str(exc))
+            return -1
         except (OSError, ValueError, TypeError, KeyError) as exc:  # refused, reset, HttpError, bad JSON
             self._mark_failed(cursor, str(exc) or type(exc).__name__)
             self.counters.pull_errors += 1
@@ -491,6 +601,8 @@ class Collector:
         whatever happens (agents not reached by then count as failed this cycle)."""
         started = self.clock()
         result = PullResult()
+        # Windows that left the evaluation window make room under each node's cap first.
+        self.store.prune(started)
         # Least recently pulled first: when the budget cuts a cycle short, the agents it
         # did not reach go first next time instead of being starved every cycle.
         cursors = sorted(self.cursors.values(), key=lambda c: c.last_attempt)
@@ -524,6 +636,7 @@ class Collector:
                         result.failed += 1
         now = self.clock()
         self.store.prune(now)
+        self.identities.prune(now)
         result.states = {s.value: n for s, n in self.agent_states(now).items()}
         result.duration_s = now - started
         return result

@@ -56,6 +56,9 @@ class AgentsSettings:
     max_body_bytes: int = MAX_BODY_BYTES  # a /v1/windows body above this is refused
     concurrency: int = 1024  # pulls in flight (docs/scale.md: more batch better on a busy box)
     source: str = "direct"  # "direct": pull agents; "prometheus": read [prometheus] (docs/prometheus.md)
+    # A node name silent this long may be taken by another URL, or a URL take a new name
+    # (docs/quorum.md "Identity"); None: collect.FORGET_AFTER_WINDOWS evaluation windows.
+    forget_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,8 @@ def parse_agents(section: Section) -> AgentsSettings:
         max_body_bytes=section.integer("max_body_bytes", MAX_BODY_BYTES, min=64 * 1024, max=256 * 1024 * 1024),
         concurrency=section.integer("concurrency", 1024, min=1, max=8192),
         source=source,
+        forget_after_s=section.number("forget_after_s", 0.0, min=0.1, max=86400.0)
+        if section.has("forget_after_s") else None,
     )
     if settings.token_file:
         try:
@@ -272,8 +277,14 @@ def parse_config(data: dict[str, Any], path: str = "") -> ControllerConfig:
         root.section("prometheus")  # mark known, then say why it is unused
         raise ConfigError("prometheus", "is set but agents.source is \"direct\"",
                           "set agents.source = \"prometheus\" or remove [prometheus]")
+    controller = parse_controller(root.section("controller"))
+    if agents.forget_after_s is not None and agents.forget_after_s < controller.evaluation_window_s:
+        raise ConfigError("agents.forget_after_s", f"{agents.forget_after_s:g} is shorter than "
+                          f"controller.evaluation_window_s {controller.evaluation_window_s:g}",
+                          "a name must stay silent until its windows have left the evaluation window; "
+                          "raise it, or leave it unset for the default")
     config = ControllerConfig(
-        controller=parse_controller(root.section("controller")),
+        controller=controller,
         consul=_consul_settings(root.section("consul")),
         agents=agents,
         model=parse_model(root.section("model")),

@@ -87,7 +87,8 @@ class Controller:
                                        cycle_budget_s=max(config.agents.pull_timeout_s * 2, c.interval_s * 0.8),
                                        slot_s=min(c.interval_s, c.evaluation_window_s / 5),
                                        token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
-                                       concurrency=config.agents.concurrency, topology=topology)
+                                       concurrency=config.agents.concurrency, topology=topology,
+                                       forget_after_s=config.agents.forget_after_s)
         if not config.topology.azs:
             log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
                         "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)

@@ -5,7 +5,8 @@ answers `GET /v1/windows?after=SEQ` like the real agent. One FakeAgentServer (ai
 its own thread and loop, real HTTP on 127.0.0.1) serves many agents: agent KEY lives at
 `http://127.0.0.1:PORT/a/KEY` (the controller appends /v1/windows to the base URL).
 Tests steer an agent directly: pause it (no new windows: stale), restart it (new boot_id,
-seq from 1), push garbage, fail its pulls with HTTP 500, or make it slow.
+seq from 1), push garbage, fail its pulls with HTTP 500, or make it slow. An Impersonator
+is a hostile agent that writes windows in other nodes' names.
 
 `python -m tests.fakeagent --agents N --azs az-a,az-b,az-c --address-file F` serves N
 generated agents on port 0 and writes the bound host:port to F, like the daemons do (the
@@ -120,15 +121,47 @@ class FakeAgent:
 
     def encoded_body(self, after: int, accept: str | None) -> tuple[bytes, str]:
         """The response body and its media type, negotiated like the real agent; a ring
-        holding garbage documents (push_raw) is served as JSON, which can carry them."""
+        holding garbage documents (push_raw) is served as JSON, which can carry them. An
+        answer without `node` is "" in the compact form."""
         doc = self.body(after)
         if negotiate(accept) == COMPACT_TYPE:
             try:
                 encoded = [encode_compact_window(parse_window(w)) for w in doc["windows"]]
-                return encode_compact_page(doc["node"], doc["az"], doc["boot_id"], encoded), COMPACT_TYPE
+                return encode_compact_page(doc.get("node", ""), doc["az"], doc["boot_id"], encoded), COMPACT_TYPE
             except WindowError:
                 pass
         return json.dumps(doc).encode(), JSON_TYPE
+
+
+class Impersonator(FakeAgent):
+    """A hostile agent: each emit() writes one window per name in `names` (node -> its AZ),
+    each with this agent's paths; its answers name `header`, or no node at all (None)."""
+
+    def __init__(self, names: dict[str, str], paths: list[PathSpec], *, header: str | None = None,
+                 **kwargs: object) -> None:
+        super().__init__(header or "impersonator", next(iter(names.values())), paths, **kwargs)  # type: ignore[arg-type]
+        self.names = dict(names)
+        self.header = header
+
+    def emit(self, end: float | None = None, interval_s: float = 1.0) -> dict:
+        end = time.time() if end is None else end
+        doc: dict = {}
+        with self.lock:
+            for i, (node, az) in enumerate(self.names.items()):
+                self.seq += 1
+                at = end - 1e-4 * (i + 1)  # an `end` no honest window has: nothing is a duplicate
+                doc = Window(node=node, az=az, boot_id=self.boot_id, seq=self.seq, start=at - interval_s, end=at,
+                             util=Utilisation(self.cpu, self.mem), paths=[p.stats(az) for p in self.paths]).to_json()
+                self.ring.append(doc)
+        return doc
+
+    def body(self, after: int) -> dict:
+        doc = super().body(after)
+        if self.header is None:
+            del doc["node"]
+        else:
+            doc["node"] = self.header
+        return doc
 
 
 class FakeAgentServer:

@@ -193,6 +193,10 @@ _TOTALS_HELP: dict[str, dict[str, str]] = {
                              "already held",
         "windows_too_old": "Agent windows skipped because they end too long before the agent's newest one (older "
                            "than the window store holds)",
+        "windows_over_cap": "Agent windows dropped because their node already holds an evaluation window's worth "
+                            "of windows",
+        "answers_refused": "Agent answers refused whole: no node name, a name other than the one the URL spoke for "
+                           "first, or a name another URL holds",
         "gap_windows": "Agent windows lost before this controller read them (the agent's ring wrapped)",
         "gap_events": "Times a read found a gap in an agent's window sequence",
         "agent_restarts": "Agent restarts seen (a new boot_id)",

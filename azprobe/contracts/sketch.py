@@ -128,6 +128,11 @@ class Histogram:
 # The names loglin-16 writers use, pre-parsed: a dict lookup beats int() on the hot path.
 _BUCKET_NAMES: dict[str, int] = {str(bucket_lower_bound(i)): bucket_lower_bound(i) for i in range(NUM_BUCKETS)}
 
+LAST_BUCKET = bucket_index((1 << MAX_VALUE_BITS) - 1)  # 495: where every larger value is clamped
+# Every key a loglin-16 histogram can have: a set, so a reader checks a whole histogram's
+# keys with one C-level issuperset() (readers merge by key, so any other key is garbage).
+LOWER_BOUNDS: frozenset[int] = frozenset(bucket_lower_bound(i) for i in range(LAST_BUCKET + 1))
+
 
 def merged(histograms: Iterable[Histogram]) -> Histogram:
     out = Histogram()

@@ -17,9 +17,9 @@ Everything in a window comes from the network, so everything is bounded here, on
   ephemeral port range; the kernel cannot hold more connects in flight to one
   destination port). `retrans >= syn_retrans` is NOT required: the agent counts them
   from different tracepoints;
-- histograms: scheme `loglin-16` (when named), at most its 512 buckets, none beyond its
-  last (2^34 µs; readers merge by lower bound, so other lower bounds are accepted), counts
-  within the count bound;
+- histograms: scheme `loglin-16` (when named), every key one of its lower bounds up to
+  its last (2^34 µs; readers merge by key, so any other key is garbage), counts within
+  the count bound;
 - times: 0 <= start <= end <= 1e11, end - start <= MAX_WINDOW_S.
 """
 
@@ -30,15 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from azprobe.contracts.sketch import (
-    MAX_VALUE_BITS,
+    LAST_BUCKET,
+    LOWER_BOUNDS,
     NUM_BUCKETS,
     SCHEME,
     Histogram,
-    bucket_index,
     bucket_lower_bound,
 )
 
-MAX_BUCKET_LOWER = bucket_lower_bound(bucket_index(2**MAX_VALUE_BITS - 1))
+MAX_BUCKET_LOWER = bucket_lower_bound(LAST_BUCKET)
 
 SCHEMA_VERSION = 1
 OTHER_AZ = "other"  # destination outside the topology
@@ -59,6 +59,7 @@ MAX_SEQ = 2**53  # a window's seq: JSON-exact integers (a synthetic source may n
 MAX_CONNECT_CARRY = 65_536  # completions beyond this window's attempts (see the module docstring)
 MAX_PATHS = 1024  # the BPF side has 16 x 16 paths; room for a bigger build, not for garbage
 MAX_WINDOW_S = 3600.0
+MIN_INTERVAL_S = 0.1  # an agent's shortest interval (agent.interval_s): at most 10 windows a second
 MAX_AZ_NAME = 63
 MAX_NODE_NAME = 253
 MAX_BOOT_ID = 128
@@ -278,10 +279,18 @@ def _check_buckets(counts: Mapping[int, int], where: str) -> None:
     if len(counts) > NUM_BUCKETS:
         raise WindowError(f"{where}.counts: {len(counts)} buckets exceed {SCHEME}'s {NUM_BUCKETS}")
     # builtins over the whole dict, not a Python loop: this runs for every path of every window
-    if counts and max(counts) > MAX_BUCKET_LOWER:
-        raise WindowError(f"{where}.counts: bucket {max(counts)} µs is beyond {SCHEME}'s last ({MAX_BUCKET_LOWER})")
+    # (the keys are check_window's, for both encodings)
     if counts and max(counts.values()) > MAX_COUNT:
         raise WindowError(f"{where}.counts: a bucket's count {max(counts.values())} exceeds {MAX_COUNT}")
+
+
+def _bucket_error(path: PathStats, prefix: str) -> WindowError:
+    for name in HISTOGRAM_FIELDS:
+        foreign = set(getattr(path, name).counts) - LOWER_BOUNDS
+        if foreign:
+            return WindowError(f"{prefix}{name}.counts: {min(foreign)} is not a {SCHEME} bucket "
+                               f"(a lower bound of at most {MAX_BUCKET_LOWER} µs)")
+    return WindowError(f"{prefix.rstrip('.')}: a histogram key is not a {SCHEME} bucket")
 
 
 def parse_window(doc: object) -> Window:
@@ -327,8 +336,11 @@ def check_window(window: Window) -> Window:
         raise WindowError(f"start: the window spans {window.end - window.start:.0f} s, at most {MAX_WINDOW_S:.0f} s")
     if len(window.paths) > MAX_PATHS:
         raise WindowError(f"paths: {len(window.paths)} paths exceed {MAX_PATHS}")
+    is_bucket_set = LOWER_BOUNDS.issuperset  # one C call per histogram: this runs for every path of every window
     for i, p in enumerate(window.paths):
         _check_connect_relation(p.conn_attempts, p.conn_ok, p.conn_refused, p.conn_timeout, f"paths[{i}].")
+        if not (is_bucket_set(p.rtt_us.counts) and is_bucket_set(p.connect_us.counts)):
+            raise _bucket_error(p, f"paths[{i}].")
     if len({(p.src, p.dst) for p in window.paths}) != len(window.paths):
         raise WindowError("paths: a (src, dst) path appears twice")
     return window

@@ -19,7 +19,7 @@ import pytest
 from azprobe.controller.config import parse_config
 from azprobe.controller.main import Controller
 from tests.controller_harness import read_weights
-from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec, zone_agents
+from tests.fakeagent import FakeAgent, FakeAgentServer, Impersonator, PathSpec, zone_agents
 
 AZS = ["az-a", "az-b", "az-c"]
 ROUNDS = 16  # 3.2 s of decision clock: evaluation window 2 s + drain dwell 1 s, and then some
@@ -170,6 +170,8 @@ def test_one_hostile_agent_moves_nothing(devconsul, honest, scenario, caplog):
         assert "fake" not in render and "azprobe_controller_topology_windows_unknown_az" in render
     if scenario in ("listed_twice", "boot_churn"):
         assert len(ctl.collector.store.node_input()) == 30
+    if scenario == "listed_twice":  # one URL speaks for the node; the other two are refused every pull
+        assert ctl.collector.counters.answers_refused >= 2 * (ROUNDS - 1)
     if scenario == "boot_churn":  # counted every pull, logged once a minute
         assert ctl.collector.counters.agent_restarts >= ROUNDS - 1
         assert sum("restarted" in r.getMessage() for r in caplog.records) == 1
@@ -221,3 +223,45 @@ def test_one_source_az_seeing_everything_degraded_drains_nothing(devconsul, hone
     view = json.loads(consul.Consul(host=devconsul.host, port=devconsul.port).kv.get(
         ctl.consul_settings.key("weights/from/az-a"))[1]["Value"])
     assert view["source_az"] == "az-a"
+
+
+@pytest.mark.parametrize("scenario", ["headerless", "rotating_names"])
+def test_one_url_cannot_speak_for_other_nodes(devconsul, honest, scenario):
+    """A URL is one vantage point: an answer without a node name, or under a name other
+    than the one the URL first answered with, is refused and counted; no window of it is
+    stored under another node's name."""
+    want = _baseline(devconsul, honest, False)
+    agents = _fleet()
+    names = {agent.node: agent.az for agent in agents.values()}
+    if scenario == "headerless":  # one URL, a window in every honest node's name, each seeing az-b fail
+        liars = [Impersonator(names, [DOWN if az == "az-b" else PathSpec(dst=az) for az in AZS])]
+        own: set[str] = set()
+    else:  # two URLs, each answering under its own name first, then under a new honest name every pull
+        heavy = PathSpec(dst="az-b", conn_attempts=5000, failures=5000, rtt_ms=2000.0)
+        liars = [Impersonator({f"liar-{k}": "az-a"}, [heavy], header=f"liar-{k}") for k in range(2)]
+        own = {"liar-0", "liar-1"}
+        victims = [n for n, az in names.items() if az != "az-b"]  # 20 nodes in two source AZs
+
+    def before(i: int) -> None:
+        for k, liar in enumerate(liars):
+            if scenario == "rotating_names" and i > 0:
+                victim = victims[(i + 10 * k) % len(victims)]
+                liar.names, liar.header = {victim: names[victim]}, victim
+            liar.emit(interval_s=0.2)
+
+    liar_urls: list[str] = []
+
+    def extra(server: FakeAgentServer) -> list[str]:
+        liar_urls.extend(server.add(f"liar-{k}", liar) for k, liar in enumerate(liars))
+        return liar_urls
+
+    ctl, docs = _run(devconsul, agents, extra_urls=extra, before_pull=before)
+    _assert_published(ctl, docs)
+    for doc in docs[len(docs) // 2:]:
+        _assert_close(_shares(doc), want, scenario)
+        assert doc.state == "ok", (scenario, doc.state)
+    refused_per_round = len(liars)
+    assert ctl.collector.counters.answers_refused >= refused_per_round * (ROUNDS - 1)
+    from_liars = [item.window.node for item in ctl.collector.store.items() if item.agent in liar_urls]
+    assert set(from_liars) <= own, sorted(set(from_liars))
+    assert all(ctl.collector.cursors[url].last_error.startswith("answer refused") for url in liar_urls)

@@ -1,6 +1,13 @@
-"""Collector cursor logic on response bodies (no HTTP): restarts, gaps, duplicates, garbage."""
+"""Collector cursor logic on response bodies (no HTTP): restarts, gaps, duplicates, garbage,
+identity (one URL, one node), the per-node window cap."""
 
 from __future__ import annotations
+
+import math
+from collections import deque
+
+import msgspec
+import pytest
 
 from azprobe.controller.collect import AgentCursor, AgentState, AgentTarget, Collector, WindowStore
 from tests.fakeagent import FakeAgent, PathSpec
@@ -185,3 +192,138 @@ def test_slot_compaction_merges_exactly_like_the_raw_windows():
         assert compact.paths[key].conn_timeout == agg.conn_timeout
     store.prune(1000.0 + 4 + 5.0 - 0.5)  # cutoff 1003.5: slots 1000..1002 leave, 1003 stays
     assert sorted({w.seq for w in store.merge_input()}) == [1003, 1004]
+
+
+# --- identity: a URL is one vantage point (docs/quorum.md "Identity") ------------------
+def _target(collector: Collector, url: str) -> AgentCursor:
+    collector.set_targets([*(c.target for c in collector.cursors.values()), AgentTarget(url)])
+    return collector.cursors[url]
+
+
+def test_an_answer_without_a_node_name_is_refused_and_counted():
+    collector, cursor, agent, clock = make()
+    neighbour = FakeAgent("n2", "az-a", [PathSpec(dst="az-b", conn_attempts=10)])
+    agent.emit(end=100.0)
+    body = agent.body(0)
+    body["windows"].append(neighbour.emit(end=100.5))
+    for headerless in ({k: v for k, v in body.items() if k != "node"}, {**body, "node": ""}):
+        with pytest.raises(ValueError, match="^answer refused: answers without a node name") as refused:
+            collector.ingest(cursor, headerless, clock())
+        assert type(refused.value).__name__ == "AnswerRefused"
+    assert collector.counters.answers_refused == 2
+    assert len(collector.store) == 0 and cursor.boot_id is None and cursor.last_seq == 0
+    # Named, the same answer is taken, and the neighbour's window in it is garbage.
+    assert collector.ingest(cursor, body, clock()) == 1
+    assert collector.counters.windows_garbage == 1 and list(collector.store.node_input()) == ["n1"]
+
+
+def test_a_url_keeps_its_first_name_until_that_name_has_been_silent_for_the_forget_time():
+    collector, cursor, agent, clock = make(horizon=5.0)
+    agent.emit(end=100.0)
+    collector.ingest(cursor, agent.body(0), clock())
+    agent.node = "n1-renamed"
+    agent.emit(end=101.0)
+    for _ in range(3):
+        clock.now += 4.9
+        with pytest.raises(ValueError, match="speaks for 'n1'"):
+            collector.ingest(cursor, agent.body(cursor.last_seq), clock())
+    assert collector.counters.answers_refused == 3 and cursor.node == "n1" and cursor.last_seq == 1
+    clock.now += 0.4  # n1 silent for 15.1 s: the rename is taken
+    assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 1
+    assert cursor.node == "n1-renamed"
+    collector.store.prune(clock())
+    assert list(collector.store.node_input()) == ["n1-renamed"]
+
+
+def test_a_node_spoken_for_by_one_url_cannot_be_taken_by_another():
+    collector, first, agent, clock = make(horizon=5.0)
+    second = _target(collector, "http://agent-2")
+    liar = FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=10, failures=10)])  # n1's name
+    agent.emit(end=100.0)
+    liar.emit(end=100.5)
+    collector.ingest(first, agent.body(0), clock())
+    for _ in range(4):  # first keeps answering: n1 stays its
+        clock.now += 5.0
+        with pytest.raises(ValueError, match="which http://agent-1 speaks for"):
+            collector.ingest(second, liar.body(0), clock())
+        collector.ingest(first, agent.body(first.last_seq), clock())
+    assert collector.counters.answers_refused == 4
+    assert all(item.agent == "http://agent-1" for item in collector.store.items())
+    assert sum(p.conn_timeout for w in collector.store.windows() for p in w.paths) == 0
+    # first falls silent (the node moved to the second URL): after the forget time, it is taken
+    clock.now += 15.0
+    liar.emit(end=101.0)
+    assert collector.ingest(second, liar.body(0), clock()) == 2
+    assert collector.store.agent_node["http://agent-2"] == "n1"
+    with pytest.raises(ValueError, match="which http://agent-2 speaks for"):
+        collector.ingest(first, agent.body(first.last_seq), clock())
+
+
+def test_names_silent_for_the_forget_time_are_forgotten():
+    from azprobe.controller.collect import Identities
+
+    identities = Identities(forget_after_s=10.0)
+    for i in range(100):
+        assert identities.claim(f"http://a{i}", f"n{i}", float(i)) == ""
+    identities.prune(105.0)  # n0..n95 silent for 10 s or more
+    assert [identities.node_of(f"http://a{i}") for i in (95, 96, 99)] == [None, "n96", "n99"]
+    assert identities.claim("http://a0", "n97", 105.0) != ""  # a97 spoke 8 s ago
+    assert identities.claim("http://a0", "n1", 105.0) == ""
+
+
+# --- bounds on what one agent can make the store hold ----------------------------------
+def test_one_node_cannot_flood_the_store():
+    collector, cursor, agent, clock = make(horizon=5.0)
+    cap = 65  # 5 s at the agents' shortest interval (0.1 s), a quarter more, and 2
+    agent.ring = deque(maxlen=5000)
+    for i in range(2000):  # 2,000 windows of 1 ms in the last 2 s, as valid as any
+        agent.emit(end=100.0 + i * 1e-3, interval_s=1e-3)
+    assert collector.ingest(cursor, agent.body(0), clock()) == cap
+    assert len(collector.store) == cap and collector.counters.windows_over_cap == 2000 - cap
+    assert collector.store.max_node_windows == cap
+    assert sorted(w.seq for w in collector.store.windows()) == list(range(2001 - cap, 2001))  # the newest
+    assert cursor.last_seq == 2000 and collector.counters.gap_events == 0  # stepped past, not a gap
+    agent.emit(end=102.0)
+    assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 0  # still full
+    clock.now += 5.1
+    collector.store.prune(clock())  # the evaluation window moved on: room again
+    agent.emit(end=103.0)
+    assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 1
+
+
+def test_an_agent_at_the_shortest_interval_loses_no_window_to_the_cap():
+    collector, cursor, agent, clock = make(horizon=5.0)
+    end = 100.0
+    for _ in range(40):  # pulls 1 s apart, 10 windows each; pruned before and after, as pull_all does
+        collector.store.prune(clock())
+        for _ in range(10):
+            end += 0.1
+            agent.emit(end=end, interval_s=0.1)
+        assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 10
+        collector.store.prune(clock())
+        clock.now += 1.0
+    assert collector.counters.windows_over_cap == 0
+
+
+# --- one bad window does not silence its agent -----------------------------------------
+@pytest.mark.parametrize("bad_end", [1e300, float("inf")])
+def test_a_window_with_an_absurd_end_does_not_silence_its_agent(bad_end):
+    from azprobe.contracts.windowcodec import COMPACT_TYPE, decode_page, encode_compact_page
+
+    collector, cursor, agent, clock = make(horizon=5.0)
+    agent.emit(end=100.0)
+    bad = dict(agent.emit(end=101.0))
+    agent.ring.pop()
+    bad["end"] = bad_end
+    agent.push_raw(bad)
+    agent.emit(end=102.0)
+    doc = agent.body(0)
+    # JSON has no infinity: +inf reaches the controller in the compact form only
+    raw = [msgspec.msgpack.encode([w["schema"], w["node"], w["az"], w["boot_id"], w["seq"], w["start"], w["end"],
+                                   0.5, 0.5, 0, []]) for w in doc["windows"]]
+    page = decode_page(encode_compact_page("n1", "az-a", doc["boot_id"], raw), COMPACT_TYPE)
+    assert collector.ingest(cursor, page if math.isinf(bad_end) else doc, clock()) == 2
+    assert collector.counters.windows_garbage == 1 and cursor.newest_end == 102.0
+    agent.emit(end=103.0)
+    assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 1
+    assert collector.counters.windows_too_old == 0

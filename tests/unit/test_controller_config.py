@@ -44,11 +44,25 @@ def test_defaults_follow_the_contract(monkeypatch):
     ({**MINIMAL, "model": {"temperature": 1}}, "model.temperature"),
     ({**MINIMAL, "consul": {"adress": "x"}}, "consul.adress"),
     ({**MINIMAL, "extra": {}}, "extra"),
+    ({"agents": {**MINIMAL["agents"], "forget_after_s": "long"}}, "agents.forget_after_s"),
+    ({"agents": {**MINIMAL["agents"], "forget_after_s": 0}}, "agents.forget_after_s"),
+    ({"agents": {**MINIMAL["agents"], "forget_after_s": 4.0}}, "agents.forget_after_s"),  # < the 5 s window
 ])
 def test_bad_fields_are_named(data, field):
     with pytest.raises(ConfigError) as exc:
         parse_config(data)
     assert exc.value.field == field and exc.value.exit_code == 2
+
+
+def test_forget_time_defaults_to_three_evaluation_windows():
+    from azprobe.controller.collect import Collector
+    from azprobe.controller.main import Controller
+
+    assert parse_config(MINIMAL).agents.forget_after_s is None
+    ctl = Controller(parse_config({**MINIMAL, "controller": {"evaluation_window_s": 4.0}}))
+    assert isinstance(ctl.collector, Collector) and ctl.collector.identities.forget_after_s == 12.0
+    ctl = Controller(parse_config({"agents": {**MINIMAL["agents"], "forget_after_s": 60}}))
+    assert ctl.collector.identities.forget_after_s == 60.0
 
 
 def test_cli_exits_2_with_one_line(tmp_path):

@@ -229,7 +229,7 @@ def test_view_paths_merge_windows_per_path() -> None:
     from azprobe.top import summarise
 
     p = {"src": "az-a", "dst": "az-b", "conn_attempts": 10, "conn_ok": 9, "conn_timeout": 1,
-         "syn_retrans": 2, "rto": 1, "rtt_us": {"scheme": "loglin-16", "counts": {"200000": 5}}}
+         "syn_retrans": 2, "rto": 1, "rtt_us": {"scheme": "loglin-16", "counts": {"196608": 5}}}
     rows = summarise([_window(1, [p]), _window(2, [p])])
     assert len(rows) == 1
     row = rows[0]

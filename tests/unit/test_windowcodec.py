@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from azprobe.contracts.sketch import Histogram
-from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError
+from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
+from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
 from azprobe.contracts.windowcodec import (
     ACCEPT_BOTH,
     COMPACT_TYPE,
@@ -79,7 +79,7 @@ def _raw(fields: list) -> bytes:
     return msgspec.msgpack.encode(fields)
 
 
-GOOD = [1, "n", "az-a", "boot", 7, 1.0, 2.0, 0.5, 0.5, 0, [["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {1000: 3}, {}]]]
+GOOD = [1, "n", "az-a", "boot", 7, 1.0, 2.0, 0.5, 0.5, 0, [["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {992: 3}, {}]]]
 
 
 @pytest.mark.parametrize("change, field", [
@@ -93,7 +93,7 @@ GOOD = [1, "n", "az-a", "boot", 7, 1.0, 2.0, 0.5, 0.5, 0, [["az-a", "az-b", 3, 3
 def test_a_bad_compact_window_names_its_field(change, field):
     bad = [list(x) if isinstance(x, list) else x for x in GOOD]
     bad[10] = [list(bad[10][0])]
-    values = {(10, 0, 2): -1, (7,): 1.5, (1,): "", (5,): 3.0, (0,): 2, (10, 0, 9): {1000: -3}}
+    values = {(10, 0, 2): -1, (7,): 1.5, (1,): "", (5,): 3.0, (0,): 2, (10, 0, 9): {992: -3}}
     if len(change) == 1:
         bad[change[0]] = values[change]
     else:
@@ -110,6 +110,7 @@ def test_a_bad_compact_window_names_its_field(change, field):
     ([["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {}, {}]] * 2, "paths"),  # one (src, dst) twice
     ([["az a", "az-b", 3, 3, 0, 0, 0, 0, 0, {}, {}]], "paths[0].src"),  # not a name
     ([["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {2**34: 1}, {}]], "paths[0].rtt_us"),  # beyond loglin-16
+    ([["az-a", "az-b", 3, 3, 0, 0, 0, 0, 0, {}, {1000: 3}]], "paths[0].connect_us.counts"),  # not a bound
 ])
 def test_the_compact_form_keeps_the_window_contract(paths, field):
     """The same contract as JSON: names, buckets and the cross-field rules (check_window)."""
@@ -154,3 +155,31 @@ def test_an_unreadable_page_is_one_clear_error(body, media):
 def test_compact_window_encoding_is_stable_for_caching():
     window = _window(3)
     assert encode_compact_window(window) == encode_compact_window(window)
+
+
+# the scheme's lower bounds, computed here from its own arithmetic (sketch.LOWER_BOUNDS is the code's)
+BOUNDS = {bucket_lower_bound(i) for i in range(bucket_index(2**34 - 1) + 1)}
+
+
+@pytest.mark.parametrize("bad", [1000, 17_000, 2**33 + 1])
+def test_only_loglin16_bucket_bounds_are_accepted_in_both_encodings(bad):
+    """A histogram keyed by anything but the scheme's own lower bounds is garbage: readers
+    merge by key, and 512 arbitrary keys per histogram cost the controller 40x the CPU."""
+    assert bad not in BOUNDS
+    window = _window(1)
+    window.paths[1].connect_us = Histogram({**window.paths[1].connect_us.counts, bad: 1})
+    compact = decode_page(encode_page("n1", "az-a", "boot", [window], COMPACT_TYPE), COMPACT_TYPE)
+    with pytest.raises(WindowError, match=re.escape(f"paths[1].connect_us.counts: {bad} is not a loglin-16 bucket")):
+        compact.windows[0].parse()
+    with pytest.raises(WindowError, match=re.escape(f"paths[1].connect_us.counts: {bad} is not a loglin-16 bucket")):
+        parse_window(window.to_json())
+
+
+def test_every_loglin16_bucket_bound_is_accepted_in_both_encodings():
+    window = _window(1)
+    from azprobe.contracts.sketch import LOWER_BOUNDS
+
+    assert LOWER_BOUNDS == BOUNDS and len(BOUNDS) == 496 and max(BOUNDS) < 2**34
+    window.paths[0].rtt_us = Histogram({lower: 1 for lower in BOUNDS})
+    for media in (COMPACT_TYPE, JSON_TYPE):
+        assert _decoded(encode_page("n1", "az-a", "boot", [window], media), media) == [window.to_json()]
