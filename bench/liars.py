@@ -1,10 +1,10 @@
 """How many lying agents does it take to move a zone's share? (docs/quorum.md)
 
 For fleets of 30, 90 and 300 agents (a third per AZ, az-a/az-b/az-c) this drives the
-controller's decision path as the daemon runs it - each node's evidence -> quorum
-(controller/quorum.py) -> safety rules (controller/safety.py), 10 cycles of 1 s with the
-default [quorum] and [safety] settings - and searches the smallest number of liars for
-each attack on the global view (`weights`):
+daemon's decision function (controller/decide.py: each node's evidence -> quorum ->
+safety rules), 10 cycles of 1 s with the default [quorum] and [safety] settings - and
+searches the smallest number of liars for each attack on the global view (`weights`)
+and on each source view (`weights/from/<az>`):
 
 - drain: liars (spread over az-a and az-c, the strongest placement) report az-b failing
   100 % at 2,000 ms while it is healthy;
@@ -38,10 +38,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from azprobe.contracts.stats import ZoneStats  # noqa: E402
+from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, decide_views  # noqa: E402
 from azprobe.controller.models import DefaultModel  # noqa: E402
-from azprobe.controller.quorum import NodeEvidence, QuorumConfig, judge  # noqa: E402
-from azprobe.controller.publish import GLOBAL_VIEW  # noqa: E402
-from azprobe.controller.safety import SafetyConfig, SafetyState, apply_safety  # noqa: E402
+from azprobe.controller.quorum import NodeEvidence  # noqa: E402
+from azprobe.controller.safety import SafetyState  # noqa: E402
 
 AZS = ("az-a", "az-b", "az-c")
 OK = ZoneStats(success=1.0, p95_ms=10.0, util=0.3, samples=250)
@@ -66,14 +66,15 @@ def fleet(n: int, b_down: bool, liars: list[str], lie: Lie) -> list[NodeEvidence
 
 
 def shares(nodes: list[NodeEvidence], view_name: str = GLOBAL_VIEW) -> dict[str, int]:
-    model = DefaultModel()
-    safety = SafetyConfig(degraded_below=model.degraded_below)
-    state = SafetyState()
+    """One view's shares after CYCLES cycles of the daemon's decision (controller/decide.py)."""
+    rules = DecisionRules(DefaultModel())
+    seen = {GLOBAL_VIEW: {az: ZoneStats(util=0.3) for az in AZS}}
+    states: dict[str, SafetyState] = {}
     decision = None
     for cycle in range(CYCLES):
-        view = judge(nodes, model, safety.degraded_threshold, QuorumConfig(), {})[view_name]
-        decision = apply_safety(view.stats, view.verdicts, now=1000.0 + cycle, state=state, config=safety)
-        state = decision.safety_state
+        views = decide_views(nodes, seen, rules=rules, states=states, now=1000.0 + cycle)
+        states = {name: v.decision.safety_state for name, v in views.items() if v.decision is not None}
+        decision = views[view_name].decision
     assert decision is not None
     return decision.shares
 

@@ -2,9 +2,9 @@
 
 Two loops on one asyncio event loop:
 - the cycle (every interval_s): pull all agents -> merge the evaluation window ->
-  spike detector -> model + safety rules (one Policy and SafetyState per view: the
-  global view and each weights/from/<src AZ>) -> the views to publish. It runs on every
-  controller, leader or not, so a standby that takes over starts warm.
+  spike detector -> quorum + safety rules (controller/decide.py, one SafetyState per
+  view: the global view and each weights/from/<src AZ>) -> the views to publish. It
+  runs on every controller, leader or not, so a standby that takes over starts warm.
 - the Consul tick (every interval_s, in a worker thread because py-consul blocks):
   keep the session, try the lock, read the operator controls, and - as leader - publish
   the latest views in one fenced transaction. A slow or absent Consul delays only this
@@ -34,7 +34,6 @@ from azprobe.address_file import format_host_port, write_address_file
 from azprobe.agenthttp import raise_file_limit
 from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
 from azprobe.contracts import kv, prom
-from azprobe.contracts.weights import WeightsError
 from azprobe.contracts.window import printable
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
 from azprobe.controller.config import ControllerConfig, bound_advertise, load_config, load_model_from
@@ -43,12 +42,11 @@ from azprobe.controller.detector import DetectorResult, ZoneSpikeDetectors
 from azprobe.controller.leader import LeaderElection, LeaderProbe
 from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
 from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
-from azprobe.controller.policy import Policy
+from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, decide_views
 from azprobe.controller.prom_source import PrometheusCollector
-from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
-from azprobe.contracts.stats import ZoneStats
-from azprobe.controller.quorum import NodeEvidence, ViewJudgement, judge
-from azprobe.controller.safety import Decision, SafetyState, apply_safety
+from azprobe.controller.publish import Fenced, Publisher, WeightsView
+from azprobe.controller.quorum import NodeEvidence, ViewJudgement
+from azprobe.controller.safety import Decision, SafetyState
 from azprobe.controller.topology import Topology
 
 T = TypeVar("T")
@@ -93,7 +91,7 @@ class Controller:
             log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
                         "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
-        self.policy = Policy(load_model_from(config.model), config.safety)
+        self.rules = DecisionRules(load_model_from(config.model), config.quorum, config.safety)
         self.safety_states: dict[str, SafetyState] = {}
         self.detectors = ZoneSpikeDetectors()
         self.metrics = ControllerMetrics()
@@ -129,37 +127,26 @@ class Controller:
         self.wall = time.time  # the decision clock (safety ages, detector buckets, control expiries)
 
     # --- the cycle --------------------------------------------------------------------
-    def judge(self, merged: MergedView) -> dict[str, ViewJudgement]:
-        """Each node's own verdicts, combined by quorum per view (controller/quorum.py)."""
-        nodes = [NodeEvidence(node, az, {dst: agg.zone_stats(merged.util.get(dst)) for dst, agg in dsts.items()})
-                 for node, (az, dsts) in self.collector.store.node_input().items()]
-        return judge(nodes, self.policy.model, self.policy.safety.degraded_threshold, self.config.quorum,
-                     merged.util)
+    def evidence(self, merged: MergedView) -> list[NodeEvidence]:
+        """Each vantage point's own evidence over the evaluation window (the store's per-node sums)."""
+        util = merged.util
+        return [NodeEvidence(node, az, {dst: agg.zone_stats(util.get(dst)) for dst, agg in dsts.items()})
+                for node, (az, dsts) in self.collector.store.node_input().items()]
 
-    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float,
-               judgements: Mapping[str, ViewJudgement] | None = None) -> dict[str, WeightsView]:
-        """Quorum verdicts + safety for the global view and each source's view."""
-        judgements = self.judge(merged) if judgements is None else judgements
-        spike_flags = {az: r.spike for az, r in spikes.items()}
-        controls = self.operator.controls
-        inputs: dict[str, tuple[Mapping[str, ZoneStats], Mapping]] = {}
-        for name, j in judgements.items():
-            seen = merged.zones if name == GLOBAL_VIEW else merged.by_source.get(name, {})
-            # a zone seen without votes (too few samples per node) is known, without evidence
-            zones = {az: ZoneStats(util=z.util) for az, z in seen.items()}
-            zones.update(j.stats)
-            inputs[name] = (zones, j.verdicts)
-        for name in self.safety_states:  # a source that went silent keeps its view (held, then equal)
-            inputs.setdefault(name, ({}, {}))
+    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult],
+               now: float) -> tuple[dict[str, WeightsView], dict[str, ViewJudgement]]:
+        """The global view and each source's view (controller/decide.py), and their quorum judgements."""
+        seen = {GLOBAL_VIEW: merged.zones, **merged.by_source}
+        decided = decide_views(self.evidence(merged), seen, rules=self.rules, states=self.safety_states, now=now,
+                               controls=self.operator.controls, spikes={az: r.spike for az, r in spikes.items()})
         views: dict[str, WeightsView] = {}
-        for name, (zones, verdicts) in inputs.items():
-            try:
-                decision = apply_safety(zones, verdicts, now=now, state=self.safety_states.get(name, SafetyState()),
-                                        config=self.policy.safety, controls=controls, spikes=spike_flags)
-            except WeightsError as exc:  # a bug upstream: never publish it, say so once
+        for name, view in decided.items():
+            decision = view.decision
+            if decision is None:  # a bug upstream: never publish it, say so once
                 self.publisher.counters.invalid_docs += 1
                 if not self._warned_invalid:
-                    log.error("view %r is not a valid weights document, not publishing it: %s", name or "global", exc)
+                    log.error("view %r is not a valid weights document, not publishing it: %s", name or "global",
+                              view.error)
                     self._warned_invalid = True
                 continue
             self.safety_states[name] = decision.safety_state
@@ -168,7 +155,8 @@ class Controller:
             if name == GLOBAL_VIEW:
                 self._log_state_changes(decision)
             views[name] = WeightsView(state=decision.state, source_az=name or None, zones=decision.zones)
-        return views
+        judgements = {name: view.judgement for name, view in decided.items() if view.judgement is not None}
+        return views, judgements
 
     def _log_state_changes(self, decision: Decision) -> None:
         if decision.state != self.overall_state:
@@ -198,8 +186,7 @@ class Controller:
         merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
         now = self.wall()
         spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
-        judgements = self.judge(merged)
-        views = self.decide(merged, spikes, now, judgements)
+        views, judgements = self.decide(merged, spikes, now)
         if views.get(GLOBAL_VIEW) is not None:
             self.latest_views = views
             self.metrics.observe_zones(views[GLOBAL_VIEW].zones)
@@ -344,7 +331,7 @@ class Controller:
         except Exception as exc:  # a bad edit must not take the running controller down
             log.error("reload failed, keeping the running config: %s", exc)
             return
-        self.policy = Policy(load_model_from(new.model), new.safety)
+        self.rules = DecisionRules(load_model_from(new.model), new.quorum, new.safety)
         if new.agents.discover != "consul":
             self._pending_targets = [AgentTarget(url) for url in new.agents.static]
         self._last_discovery = -1e9

@@ -30,6 +30,7 @@ from azprobe.contracts.stats import ZoneStats, finite
 from azprobe.contracts.weights import DECAY_RATE, MAX_WEIGHT, MIN_WEIGHT, TOTAL_SHARE
 from azprobe.errors import ConfigError
 
+DEGRADED_BELOW = 0.90  # the default model's scale: health under this is "degraded"
 
 # -------------------------------------------------------------------------- output
 
@@ -127,7 +128,7 @@ class DefaultModelConfig:
     latency_baseline_max_ms: float = 50.0  # the baseline never exceeds this (docs/design.md)
     util_knee: float = 0.70
     share_exponent: float = 6.0
-    degraded_below: float = 0.90  # health under this is "degraded" for the safety rules
+    degraded_below: float = DEGRADED_BELOW  # health under this is "degraded" for the safety rules
 
     @classmethod
     def from_section(cls, section: Section) -> "DefaultModelConfig":

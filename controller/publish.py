@@ -42,10 +42,10 @@ from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set
 from azprobe.consul import MAX_TXN_OPS
 from azprobe.contracts import kv
 from azprobe.contracts.weights import MAX_INT, WeightsDoc, WeightsError, ZoneWeights, parse_weights
+from azprobe.controller.decide import GLOBAL_VIEW
 
 log = logging.getLogger(__name__)
 
-GLOBAL_VIEW = ""  # the key of the global view in a views mapping; sources use their AZ name
 MAX_CONTINUED_GENERATION = 2**52  # above: not ours, restart the numbering (module docstring)
 
 

@@ -27,9 +27,10 @@ from typing import Any
 
 from azprobe.config import Section
 from azprobe.contracts.stats import ZoneStats
-from azprobe.contracts.weights import MAX_INT, MAX_P95_MS, MAX_REASONS, MAX_WEIGHT, MIN_WEIGHT, TOTAL_SHARE, ZoneWeights
+from azprobe.contracts.weights import (MAX_INT, MAX_P95_MS, MAX_REASONS, MAX_WEIGHT, MAX_ZONES, MIN_WEIGHT, TOTAL_SHARE,
+                                      ZoneWeights)
 from azprobe.contracts.weights import MAX_STRING as MAX_REASON_CHARS
-from azprobe.controller.models import ZoneHealth, decay_weight, equal_shares, fmt, shares_from_weights
+from azprobe.controller.models import DEGRADED_BELOW, ZoneHealth, decay_weight, equal_shares, fmt, shares_from_weights
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class SafetyConfig:
     stale_after_s: float = 10.0
     equal_after_s: float = 60.0
     max_drained_zones: int = 1
-    degraded_below: float | None = None  # None: the model's own threshold (Policy fills it in)
+    degraded_below: float | None = None  # None: the model's own threshold (decide.DecisionRules fills it in)
     recovery_band: float = 0.03  # ok again only at degraded_below + recovery_band
     hysteresis_points: float = 3.0
     max_increase_points: float = 5.0
@@ -58,8 +59,8 @@ class SafetyConfig:
             min_samples=section.integer("min_samples", cls.min_samples, min=1, max=10**9),
             stale_after_s=section.number("stale_after_s", cls.stale_after_s, min=0.1, max=86400),
             equal_after_s=section.number("equal_after_s", cls.equal_after_s, min=0.1, max=86400),
-            max_drained_zones=section.integer("max_drained_zones", cls.max_drained_zones, min=0, max=100),
-            degraded_below=(section.number("degraded_below", 0.9, min=0.0, max=1.0)
+            max_drained_zones=section.integer("max_drained_zones", cls.max_drained_zones, min=0, max=MAX_ZONES),
+            degraded_below=(section.number("degraded_below", DEGRADED_BELOW, min=0.0, max=1.0)
                             if section.has("degraded_below") else None),
             recovery_band=section.number("recovery_band", cls.recovery_band, min=0.0, max=0.5),
             hysteresis_points=section.number("hysteresis_points", cls.hysteresis_points, min=0.0, max=50.0),
@@ -82,7 +83,7 @@ class SafetyConfig:
 
     @property
     def degraded_threshold(self) -> float:
-        return 0.90 if self.degraded_below is None else self.degraded_below
+        return DEGRADED_BELOW if self.degraded_below is None else self.degraded_below
 
     @property
     def recover_above(self) -> float:
@@ -337,12 +338,13 @@ def start_cycle(stats: Mapping[str, ZoneStats], health: Mapping[str, ZoneHealth]
 
 def zones_in_play(stats: Mapping[str, ZoneStats], state: SafetyState, now: float, cfg: SafetyConfig) -> list[str]:
     """Rule 0: every AZ in the input or remembered; one absent for forget_after_s while
-    others report is dropped (never all of them). At most 100 (each gets >= 1 %)."""
+    others report is dropped (never all of them). At most MAX_ZONES, the weights
+    document's limit (the first in sorted order: a stable subset)."""
     remembered = set(state.zones) | set(state.shares)
     if stats:  # forget only while other zones report: never drop to an empty set
         remembered = {az for az in remembered if not _forgotten(state.zones.get(az), now, cfg)}
     names = sorted(set(stats) | remembered)
-    return names[:TOTAL_SHARE]  # cannot give >100 zones >= 1 % each; keep a stable subset
+    return names[:MAX_ZONES]
 
 
 def assess_evidence(az: str, stats: ZoneStats | None, verdict: ZoneHealth | None, mem: ZoneMemory | None,

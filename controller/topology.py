@@ -51,7 +51,7 @@ def parse_topology(section: Section) -> TopologySettings:
         raise ConfigError(section.field("azs"), "lists an AZ twice", "list each AZ once")
     if len(azs) > MAX_ZONES:
         raise ConfigError(section.field("azs"), f"{len(azs)} AZs exceed {MAX_ZONES}",
-                          "a weights document holds at most 64 zones")
+                          f"a weights document holds at most {MAX_ZONES} zones")
     return TopologySettings(azs=tuple(azs), max_azs=len(azs) or max_azs)
 
 

@@ -2,7 +2,8 @@
 
 The controller's merge produces one `ZoneStats` per destination AZ and view; a model
 turns them into health and weight (azprobe.controller.models); `azprobe model` reads
-them as a JSON document ``{"zones": {az: {...}}}`` (docs/contracts.md "Model input").
+them as a JSON document ``{"zones": {az: {...}}}``, or per vantage point as
+``{"nodes": [{"node", "az", "zones"}]}`` (docs/contracts.md "Model input").
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from azprobe.contracts.weights import MAX_ZONES
+from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, name_problem, printable
 
 
 class StatsError(ValueError):
@@ -94,6 +98,24 @@ class ZoneStats:
         )
 
 
+MAX_VANTAGE_POINTS = 100_000  # nodes in one per-node document (the daemon's design fleet is 5,000)
+
+
+def _zones(doc: object, where: str) -> dict[str, ZoneStats]:
+    """An object of AZ name -> stats: at most MAX_ZONES, names as agents report them."""
+    if not isinstance(doc, Mapping):
+        raise StatsError(where, "expected an object of AZ name -> stats")
+    if len(doc) > MAX_ZONES:
+        raise StatsError(where, f"{len(doc)} zones exceed {MAX_ZONES}")
+    out: dict[str, ZoneStats] = {}
+    for az, zone in doc.items():
+        problem = name_problem(az, MAX_AZ_NAME)
+        if problem:
+            raise StatsError(where, f"AZ name {printable(az, 70)!r} {problem}")
+        out[az] = ZoneStats.from_json(zone, f"{where}.{az}")
+    return out
+
+
 def parse_stats_document(doc: object) -> dict[str, ZoneStats]:
     """``{"zones": {az: {...}}}`` -> {az: ZoneStats}; raises StatsError naming the field."""
     if not isinstance(doc, Mapping):
@@ -101,9 +123,45 @@ def parse_stats_document(doc: object) -> dict[str, ZoneStats]:
     zones = doc.get("zones")
     if not isinstance(zones, Mapping) or not zones:
         raise StatsError("zones", "expected a non-empty object of AZ name -> stats")
-    out: dict[str, ZoneStats] = {}
-    for az, zone in zones.items():
-        if not isinstance(az, str) or not az:
-            raise StatsError("zones", f"AZ name {az!r} must be a non-empty string")
-        out[az] = ZoneStats.from_json(zone, f"zones.{az}")
+    return _zones(zones, "zones")
+
+
+@dataclass(frozen=True)
+class VantageStats:
+    """What one node (in AZ `az`) saw of each destination AZ."""
+
+    node: str
+    az: str
+    zones: dict[str, ZoneStats]
+
+
+def parse_nodes_document(doc: object) -> list[VantageStats]:
+    """``{"nodes": [{"node": N, "az": AZ, "zones": {az: {...}}}, ...]}`` -> one VantageStats
+    per node, in order; raises StatsError naming the field (e.g. nodes[3].zones.az-a.success)."""
+    if not isinstance(doc, Mapping):
+        raise StatsError("stats", "expected a JSON object with a 'nodes' list")
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise StatsError("nodes", "expected a non-empty list of {node, az, zones}")
+    if len(nodes) > MAX_VANTAGE_POINTS:
+        raise StatsError("nodes", f"{len(nodes)} nodes exceed {MAX_VANTAGE_POINTS}")
+    out: list[VantageStats] = []
+    names: set[str] = set()
+    for i, entry in enumerate(nodes):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, Mapping):
+            raise StatsError(where, "expected an object {node, az, zones}")
+        for key in entry:
+            if key not in ("node", "az", "zones"):
+                raise StatsError(f"{where}.{printable(key, 40)}", "unknown field (known: az, node, zones)")
+        node, az = entry.get("node"), entry.get("az")
+        for key, value, limit in (("node", node, MAX_NODE_NAME), ("az", az, MAX_AZ_NAME)):
+            problem = name_problem(value, limit)
+            if problem:
+                raise StatsError(f"{where}.{key}", problem)
+        assert isinstance(node, str) and isinstance(az, str)
+        if node in names:
+            raise StatsError(f"{where}.node", f"{node!r} appears twice: every node counts once")
+        names.add(node)
+        out.append(VantageStats(node, az, _zones(entry.get("zones", {}), f"{where}.zones")))
     return out

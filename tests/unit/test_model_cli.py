@@ -91,3 +91,63 @@ def test_bad_model_name_and_missing_file_exit_2(tmp_path):
     assert r.returncode == 2 and "model.name" in r.stderr
     r = run(str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "missing.json" in r.stderr
+
+
+def _stats(tmp_path, doc: dict, name: str = "s.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+SLOW_B = {"az-a": {"success": 1.0, "p95_ms": 10, "samples": 500}, "az-b": {"success": 1.0, "p95_ms": 40, "samples": 500},
+          "az-c": {"success": 0.5, "p95_ms": 10, "samples": 500}}
+
+
+def test_safety_decides_as_the_daemon_healthy_band_included(tmp_path):
+    """az-b is healthy but slower (health ~0.97): the quorum's healthy band gives it az-a's
+    weight, as the daemon does; [quorum] healthy_band = 0 from the config lets weight^6 split them."""
+    stats = _stats(tmp_path, {"zones": SLOW_B})
+    doc = zones_of(run("--safety", stats).stdout)
+    shares = {az: z["share"] for az, z in doc["zones"].items()}
+    assert abs(shares["az-a"] - shares["az-b"]) <= 1 and shares["az-c"] == 1, shares
+    assert any(r.startswith("quorum: 0 of 1 nodes") for r in doc["zones"]["az-a"]["reasons"])
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[quorum]\nhealthy_band = 0.0\n")
+    split = {az: z["share"] for az, z in zones_of(run("--safety", "--config", str(cfg), stats).stdout)["zones"].items()}
+    assert split["az-a"] - split["az-b"] >= 10, split
+
+
+def test_per_node_form_runs_the_quorum(tmp_path):
+    healthy = {az: {"success": 1.0, "p95_ms": 10, "samples": 500} for az in ("az-a", "az-b", "az-c")}
+    nodes = [{"node": f"n-{az}-{i}", "az": az, "zones": healthy} for az in ("az-a", "az-b", "az-c") for i in range(3)]
+    nodes[0]["zones"] = {**healthy, "az-b": {"success": 0.0, "p95_ms": 2000, "samples": 500}}  # one liar
+    doc = zones_of(run("--safety", _stats(tmp_path, {"nodes": nodes})).stdout)
+    assert doc["state"] == "ok" and sorted(z["share"] for z in doc["zones"].values()) == [33, 33, 34]
+    assert doc["zones"]["az-b"]["reasons"][0].startswith("quorum: 1 of 9 nodes see it degraded")
+
+
+@pytest.mark.parametrize(
+    "doc,args,field",
+    [
+        ({"nodes": [{"node": "n1", "az": "az-a", "zones": {}}]}, (), "nodes: the per-node form needs --safety"),
+        ({"nodes": [{"node": "n1", "az": "az-a"}, {"node": "n1", "az": "az-b"}]}, ("--safety",), "nodes[1].node"),
+        ({"nodes": [{"node": "n1", "az": "az a"}]}, ("--safety",), "nodes[0].az"),
+        ({"nodes": [{"node": "n1", "az": "az-a", "zones": {"az-a": {"samples": -1}}}]}, ("--safety",),
+         "nodes[0].zones.az-a.samples"),
+        ({"nodes": [{"node": "n1", "az": "az-a", "extra": 1}]}, ("--safety",), "nodes[0].extra"),
+        ({"nodes": [], "zones": {}}, ("--safety",), "both 'zones' and 'nodes'"),
+        ({"zones": {f"z{i}": {} for i in range(65)}}, (), "65 zones exceed 64"),
+        ({"zones": {"a" * 64: {}}}, (), "has 64 characters"),
+    ],
+)
+def test_bad_model_input_exits_2_naming_the_field(tmp_path, doc, args, field):
+    r = run(*args, _stats(tmp_path, doc))
+    assert r.returncode == 2, r.stdout
+    assert field in r.stderr and r.stderr.startswith("azprobe: ") and r.stderr.count("\n") == 1
+
+
+def test_config_quorum_is_checked_like_the_daemons(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[quorum]\nhealthy_bnd = 0.1\n")
+    r = run("--safety", "--config", str(cfg), str(DATA / "stats_documents_example.json"))
+    assert r.returncode == 2 and "quorum.healthy_bnd" in r.stderr

@@ -1,13 +1,17 @@
-"""Property tests (hypothesis, 10,000 cases per model and per rule chain): whatever the
-inputs -- NaN, inf, negative, zero samples, huge counts, missing AZs, 1..8 zones, operator
-controls, clock jumps -- every decision is publishable as a valid weights document:
-finite integer shares, each >= 1, summing to 100; weights in [e^-2, 1]; contract states.
+"""Property tests (hypothesis, 10,000 cases each): whatever the
+inputs -- NaN, inf, negative, zero samples, huge counts, missing AZs, 1..8 zones, 0..3
+vantage points that agree or not, operator controls, clock jumps -- every decision is
+publishable as a valid weights document: finite integer shares, each >= 1, summing to 100;
+weights in [e^-2, 1]; contract states. The rule chain runs the daemon's own decision
+function (controller/decide.py: quorum, healthy band, safety rules) and checks every view.
 
 Hypothesis draws a seed and the case is built from it with `random.Random`: drawing
 ~50 structured values per case costs ~5 ms in hypothesis on this box, which makes
 10,000 cases x 4 properties several minutes; a seed costs well under 1 ms, and a
-failing seed is printed, so a failure still reproduces exactly. Each case runs both
-models (10,000 cases per model) to keep the whole file under ~40 s on a loaded 2-core box.
+failing seed is printed, so a failure still reproduces exactly. A model case runs both
+models (10,000 cases per model); a rule-chain case draws its model (half the cases each),
+since every cycle there judges each vantage point and decides every view, as the daemon
+does. The whole file costs ~30 s of CPU on this 2-core box.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from hypothesis import strategies as st
 from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.weights import MIN_WEIGHT, OVERALL_STATES, ZONE_STATES, ZoneWeights
 from azprobe.controller.models import DefaultModel, SeedV1Model, shares_from_weights
-from azprobe.controller.policy import Policy
-from azprobe.controller.safety import Controls, SafetyConfig, SafetyState
+from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, decide_views
+from azprobe.controller.quorum import NodeEvidence, QuorumConfig
+from azprobe.controller.safety import Controls, Decision, SafetyConfig, SafetyState
 
 CASES = settings(max_examples=10_000, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))
@@ -81,13 +86,38 @@ safety_configs = [SafetyConfig(min_samples=m, max_drained_zones=k, drain_dwell_s
                                recover_dwell_s=r, panic_exit_s=p)
                   for m in (1, 20) for k in (0, 1, 3) for d in (0.0, 2.0) for h in (0.0, 3.0)
                   for r in (0.0, 3.0) for p in (0.0, 10.0)]
+quorum_configs = [QuorumConfig(), QuorumConfig(min_nodes=1, fraction=0.5, min_source_azs=1, min_node_samples=1),
+                  QuorumConfig(healthy_band=0.0), QuorumConfig(min_node_samples=50, healthy_band=1.0)]
+
+
+def random_fleet(r: random.Random) -> tuple[list[NodeEvidence], dict[str, dict[str, ZoneStats]]]:
+    """1..3 vantage points in 1..3 source AZs (or none: every agent silent), most of them
+    reporting the fleet's common figures (so quorums form), the others their own; and the
+    zones each view knows of, as the merge names them (every destination and every AZ with
+    agents, each with one utilisation figure)."""
+    if r.random() < 0.15:
+        return [], {}
+    common = random_zones(r, min_size=0)
+    sources = r.sample(AZS, r.choice((1, 1, 2, 3)))
+    nodes = [NodeEvidence(f"node-{i}", r.choice(sources), common if r.random() < 0.6 else random_zones(r, min_size=0))
+             for i in range(r.randint(1, 3))]
+    util = {az: _value(r, 0.0, 1.0) for az in AZS}
+    seen: dict[str, dict[str, ZoneStats]] = {GLOBAL_VIEW: {}}
+    for n in nodes:
+        seen[GLOBAL_VIEW].setdefault(n.az, ZoneStats(util=util[n.az]))
+        for dst in n.zones:
+            seen[GLOBAL_VIEW].setdefault(dst, ZoneStats(util=util[dst]))
+            seen.setdefault(n.az, {})[dst] = ZoneStats(util=util[dst])
+    return nodes, seen
 
 
 def random_cycles(r: random.Random) -> list[dict]:
     cycles = []
     for _ in range(r.randint(1, 3)):
+        nodes, seen = random_fleet(r)
         cycles.append({
-            "zones": random_zones(r, min_size=0) if r.random() < 0.85 else {},  # a dead source
+            "nodes": nodes,
+            "seen": seen,
             "dt": r.choice([0.0, 1.0, 1.0, 2.5, 11.0, 61.0, 4000.0, -3.0]),  # incl. a clock step back
             "freeze": r.random() < 0.1,
             "shifts": {az: r.uniform(-100, 100) for az in r.sample(AZS, r.randint(0, 2))},
@@ -96,47 +126,54 @@ def random_cycles(r: random.Random) -> list[dict]:
     return cycles
 
 
-def run_chain(policy: Policy, cycles: list[dict]) -> None:
-    state = SafetyState()
+def check_decision(decision: Decision, before: dict[str, int], ever_seen: bool, config: SafetyConfig) -> None:
+    assert decision.state in OVERALL_STATES
+    assert decision.publishable == ever_seen  # never an empty set once a zone was seen
+    if not decision.publishable:
+        return
+    shares = decision.shares
+    check_shares(shares, decision.zones)
+    for z in decision.zones.values():
+        assert z.state in ZONE_STATES
+        ZoneWeights(**z.to_json())  # the contract's own validator: no NaN, ranges, types
+    if set(before) == set(shares) and not any("caps lifted" in reason for reason in decision.reasons):
+        # recovery cap: a zone recovering on its own health gains at most the cap,
+        # plus its part of what draining zones gave up (+1 rounding per zone; a zone
+        # drained on its last-known-good verdict shows as stale)
+        drained = sum(max(before[az] - s, 0) + 1 for az, s in shares.items()
+                      if decision.zones[az].state in ("degraded", "shifted", "stale"))
+        for az, s in shares.items():
+            reasons = decision.zones[az].reasons
+            if any("recovering slowly" in reason for reason in reasons):
+                assert s - before[az] <= config.max_increase_points + drained + 1, (before, shares)
+            # a zone being drained (degraded, in a drain slot) never gains share
+            if decision.zones[az].state == "degraded" and decision.state != "panic" \
+                    and not any("not drained" in reason for reason in reasons):
+                assert s <= before[az], (az, before, shares, reasons)
+
+
+def run_chain(rules: DecisionRules, cycles: list[dict]) -> None:
+    """The daemon's decision function, cycle after cycle, every view checked."""
+    states: dict[str, SafetyState] = {}
     now = 1_764_470_000.0
-    ever_seen = False
-    config = policy.safety
+    ever_seen: dict[str, bool] = {}
     for c in cycles:
         now += c["dt"]
         controls = Controls(freeze=c["freeze"], shifts={az: now + d for az, d in c["shifts"].items()})
-        before = dict(state.shares)
-        decision = policy.decide(c["zones"], now=now, state=state, controls=controls, spikes=c["spikes"])
-        ever_seen = ever_seen or bool(c["zones"])
-        assert decision.state in OVERALL_STATES
-        assert decision.publishable == ever_seen  # never an empty set once a zone was seen
-        if decision.publishable:
-            shares = decision.shares
-            check_shares(shares, decision.zones)
-            for z in decision.zones.values():
-                assert z.state in ZONE_STATES
-                ZoneWeights(**z.to_json())  # the contract's own validator: no NaN, ranges, types
-            if set(before) == set(shares) and not any("caps lifted" in reason for reason in decision.reasons):
-                # recovery cap: a zone recovering on its own health gains at most the cap,
-                # plus its part of what draining zones gave up (+1 rounding per zone; a zone
-                # drained on its last-known-good verdict shows as stale)
-                drained = sum(max(before[az] - s, 0) + 1 for az, s in shares.items()
-                              if decision.zones[az].state in ("degraded", "shifted", "stale"))
-                for az, s in shares.items():
-                    reasons = decision.zones[az].reasons
-                    if any("recovering slowly" in reason for reason in reasons):
-                        assert s - before[az] <= config.max_increase_points + drained + 1, (before, shares)
-                    # a zone being drained (degraded, in a drain slot) never gains share
-                    if decision.zones[az].state == "degraded" and decision.state != "panic" \
-                            and not any("not drained" in reason for reason in reasons):
-                        assert s <= before[az], (az, before, shares, reasons)
-        state = decision.safety_state
+        views = decide_views(c["nodes"], c["seen"], rules=rules, states=states, now=now, controls=controls,
+                             spikes=c["spikes"])
+        assert GLOBAL_VIEW in views
+        for name, view in views.items():
+            assert view.error is None and view.decision is not None, (name, view.error)
+            ever_seen[name] = ever_seen.get(name, False) or bool(c["seen"].get(name)) and view.judgement is not None
+            check_decision(view.decision, dict(states.get(name, SafetyState()).shares), ever_seen[name],
+                           rules.safety)
+        states = {name: view.decision.safety_state for name, view in views.items() if view.decision is not None}
 
 
 @CASES
 @given(SEEDS)
 def test_rule_chain_any_input(seed):
     r = random.Random(seed)
-    config = r.choice(safety_configs)
-    cycles = random_cycles(r)
-    for model in MODELS:
-        run_chain(Policy(model, config), cycles)
+    rules = DecisionRules(r.choice(MODELS), r.choice(quorum_configs), r.choice(safety_configs))
+    run_chain(rules, random_cycles(r))

@@ -6,7 +6,7 @@ import pytest
 
 from azprobe.config import Section
 from azprobe.contracts.stats import ZoneStats
-from azprobe.controller.models import DefaultModel
+from azprobe.controller.models import DEGRADED_BELOW, DefaultModel
 from azprobe.controller.quorum import NodeEvidence, QuorumConfig, judge
 from azprobe.errors import ConfigError
 
@@ -28,7 +28,7 @@ def _fleet(per_az: int | dict[str, int] = 10, lie=None) -> list[NodeEvidence]:
 
 
 def _judge(nodes, cfg=QuorumConfig()):
-    return judge(nodes, DefaultModel(), 0.90, cfg, {})
+    return judge(nodes, DefaultModel(), DEGRADED_BELOW, cfg, {})
 
 
 def test_needed_is_max_of_min_nodes_and_fraction_but_never_more_than_the_voters():
@@ -45,11 +45,11 @@ def test_a_minority_cannot_degrade_a_zone_and_a_spread_quorum_can():
         return lie
 
     j = _judge(_fleet(lie=some(8, ("az-a",))))[""]
-    assert not j.tallies["az-b"].quorum and j.verdicts["az-b"].health >= 0.9  # 8 of 30, one source AZ
+    assert not j.tallies["az-b"].quorum and j.verdicts["az-b"].health >= DEGRADED_BELOW  # 8 of 30, one source AZ
     assert j.stats["az-b"].success == 1.0  # the healthy side's median, not a sum
     j = _judge(_fleet(lie=some(5, ("az-a", "az-c"))))[""]
     assert j.tallies["az-b"].quorum and j.tallies["az-b"].degraded == 10
-    assert j.verdicts["az-b"].health < 0.9 and j.stats["az-b"].success == 0.0
+    assert j.verdicts["az-b"].health < DEGRADED_BELOW and j.stats["az-b"].success == 0.0
     j = _judge(_fleet(lie=some(10, ("az-a",))))[""]  # a whole source AZ alone: spread not met
     assert not j.tallies["az-b"].quorum
 

@@ -11,8 +11,9 @@ from azprobe.config import Section
 from azprobe.errors import ConfigError
 from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.weights import MIN_WEIGHT, ZoneWeights
-from azprobe.controller.models import DefaultModel, ZoneHealth, decay_weight
-from azprobe.controller.policy import Policy
+from azprobe.controller.models import DEGRADED_BELOW, DefaultModel, ZoneHealth, decay_weight
+from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, decide_views
+from azprobe.controller.quorum import NodeEvidence
 from azprobe.controller.safety import (
     Controls,
     SafetyConfig,
@@ -34,7 +35,7 @@ def verdict(health: float, raw: float | None = None) -> ZoneHealth:
                       (f"test health {health}",))
 
 
-class Cycle:
+class SafetyDriver:
     """Drives apply_safety cycle after cycle, carrying the state like the daemon does."""
 
     def __init__(self, config: SafetyConfig = CFG, now: float = T0) -> None:
@@ -70,7 +71,7 @@ HEALTHY3 = {"az-a": 1.0, "az-b": 1.0, "az-c": 1.0}
 
 
 def test_first_decision_follows_the_model():
-    d = Cycle().run({"az-a": 1.0, "az-b": 0.86})
+    d = SafetyDriver().run({"az-a": 1.0, "az-b": 0.86})
     assert d.shares == {"az-a": 84, "az-b": 16}
     assert d.zones["az-b"].state == "degraded" and d.zones["az-a"].state == "ok"
     assert d.state == "degraded"
@@ -81,7 +82,7 @@ def test_first_decision_follows_the_model():
 
 
 def test_missing_zone_holds_last_known_good_then_stale_then_equal():
-    c = Cycle(SafetyConfig(degraded_below=0.9, stale_after_s=10, equal_after_s=60, drain_dwell_s=0))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, stale_after_s=10, equal_after_s=60, drain_dwell_s=0))
     c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.80})
     held = c.run({"az-a": 1.0, "az-b": 1.0}, dt=1)  # az-c vanished from the input
     assert held.zones["az-c"].share <= 10  # still drained: its last verdict holds
@@ -100,7 +101,7 @@ def test_missing_zone_holds_last_known_good_then_stale_then_equal():
 
 def test_all_zones_without_evidence_hold_shares_then_equal():
     """The incident: the data source returns empty stats for every zone."""
-    c = Cycle(SafetyConfig(degraded_below=0.9, stale_after_s=10, equal_after_s=60, drain_dwell_s=0))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, stale_after_s=10, equal_after_s=60, drain_dwell_s=0))
     before = c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.80}).shares
     empty = {"az-a": None, "az-b": None, "az-c": None}
     d = c.run(empty, dt=2)
@@ -116,26 +117,26 @@ def test_all_zones_without_evidence_hold_shares_then_equal():
 
 
 def test_no_input_at_all_is_the_same_as_empty_stats():
-    c = Cycle(SafetyConfig(degraded_below=0.9, stale_after_s=10, equal_after_s=60))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, stale_after_s=10, equal_after_s=60))
     before = c.run({"az-a": 1.0, "az-b": 0.5}).shares
     assert c.run({}, dt=5).shares == before
     assert c.run({}, dt=60).shares == {"az-a": 50, "az-b": 50}
 
 
 def test_zones_without_any_evidence_ever_get_equal_shares_not_drained():
-    d = Cycle().run({"az-a": None, "az-b": None})
+    d = SafetyDriver().run({"az-a": None, "az-b": None})
     assert d.shares == {"az-a": 50, "az-b": 50}
     assert d.state == "stale"
     assert d.publishable
 
 
 def test_nothing_ever_seen_is_not_publishable():
-    d = Cycle().run({})
+    d = SafetyDriver().run({})
     assert not d.publishable and d.zones == {}
 
 
 def test_too_few_samples_is_not_evidence():
-    c = Cycle()
+    c = SafetyDriver()
     c.run({"az-a": 1.0, "az-b": 1.0})
     thin = {"az-a": GOOD, "az-b": ZoneStats(success=0.0, p95_ms=900.0, samples=3)}
     d = c.run({"az-a": 1.0, "az-b": 0.0}, stats=thin)
@@ -144,7 +145,7 @@ def test_too_few_samples_is_not_evidence():
 
 
 def test_nan_verdict_is_not_evidence():
-    c = Cycle()
+    c = SafetyDriver()
     c.run({"az-a": 1.0, "az-b": 1.0})
     d = c.run({"az-a": 1.0, "az-b": float("nan")})
     assert d.shares == {"az-a": 50, "az-b": 50}
@@ -152,7 +153,7 @@ def test_nan_verdict_is_not_evidence():
 
 
 def test_forgotten_after_a_long_absence():
-    c = Cycle(SafetyConfig(degraded_below=0.9, forget_after_s=100))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, forget_after_s=100))
     c.run({"az-a": 1.0, "az-b": 1.0, "old": 1.0})
     assert "old" in c.run({"az-a": 1.0, "az-b": 1.0}, dt=50).zones
     d = c.run({"az-a": 1.0, "az-b": 1.0}, dt=60)
@@ -163,7 +164,7 @@ def test_forgotten_after_a_long_absence():
 
 
 def test_drain_fast_recover_slowly():
-    c = Cycle()
+    c = SafetyDriver()
     assert c.run(HEALTHY3).shares == {"az-a": 34, "az-b": 33, "az-c": 33}
     sick = c.run({**HEALTHY3, "az-c": 0.5})
     assert sick.zones["az-c"].share == 1  # one cycle: the whole way (33 < 50-point cap)
@@ -181,7 +182,7 @@ def test_drain_fast_recover_slowly():
 
 
 def test_decrease_cap_per_cycle():
-    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, max_decrease_points=10))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, max_decrease_points=10))
     c.run({"az-a": 1.0, "az-b": 1.0})
     d = c.run({"az-a": 1.0, "az-b": 0.3})
     assert d.zones["az-b"].share == 40
@@ -190,7 +191,7 @@ def test_decrease_cap_per_cycle():
 
 
 def test_hysteresis_band_holds_small_moves():
-    c = Cycle()
+    c = SafetyDriver()
     c.run({"az-a": 1.0, "az-b": 1.0})
     d = c.run({"az-a": 1.0, "az-b": 0.95}, raws={"az-b": 0.9})  # target 52.6 / 47.4: < 3 points
     assert d.shares == {"az-a": 50, "az-b": 50} and not d.changed
@@ -200,7 +201,7 @@ def test_hysteresis_band_holds_small_moves():
 
 
 def test_degraded_state_has_a_recovery_band():
-    c = Cycle(SafetyConfig(degraded_below=0.90, recovery_band=0.03, drain_dwell_s=0, recover_dwell_s=0))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.90, recovery_band=0.03, drain_dwell_s=0, recover_dwell_s=0))
     assert c.run({"az-a": 1.0, "az-b": 0.89}).zones["az-b"].state == "degraded"
     assert c.run({"az-a": 1.0, "az-b": 0.91}).zones["az-b"].state == "degraded"  # inside the band
     assert c.run({"az-a": 1.0, "az-b": 0.935}).zones["az-b"].state == "ok"
@@ -212,7 +213,7 @@ def test_degraded_state_has_a_recovery_band():
 
 def test_dwell_delays_a_drain_and_a_spike_cuts_it():
     cfg = SafetyConfig(degraded_below=0.9, drain_dwell_s=2.0)
-    c = Cycle(cfg)
+    c = SafetyDriver(cfg)
     c.run(HEALTHY3)
     d = c.run({**HEALTHY3, "az-c": 0.5})
     assert d.zones["az-c"].share == 33 and d.zones["az-c"].state == "degraded"
@@ -220,7 +221,7 @@ def test_dwell_delays_a_drain_and_a_spike_cuts_it():
     assert c.run({**HEALTHY3, "az-c": 0.5}).zones["az-c"].share == 33  # 1 s < 2 s
     assert c.run({**HEALTHY3, "az-c": 0.5}).zones["az-c"].share == 1  # 2 s: drained
 
-    c = Cycle(cfg)
+    c = SafetyDriver(cfg)
     c.run(HEALTHY3)
     d = c.run({**HEALTHY3, "az-c": 0.5}, spikes={"az-c": True})
     assert d.zones["az-c"].share == 1
@@ -231,7 +232,7 @@ def test_dwell_delays_a_drain_and_a_spike_cuts_it():
 
 
 def test_panic_when_every_zone_degrades_together():
-    c = Cycle()
+    c = SafetyDriver()
     c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5})
     d = c.run({"az-a": 0.6, "az-b": 0.7, "az-c": 0.5})
     assert d.state == "panic"
@@ -242,7 +243,7 @@ def test_panic_when_every_zone_degrades_together():
 
 
 def test_no_panic_with_a_single_fresh_zone():
-    d = Cycle().run({"az-a": 0.2, "az-b": None})
+    d = SafetyDriver().run({"az-a": 0.2, "az-b": None})
     assert d.state != "panic"
 
 
@@ -250,7 +251,7 @@ def test_no_panic_with_a_single_fresh_zone():
 
 
 def test_at_most_max_drained_zones_drain():
-    c = Cycle()
+    c = SafetyDriver()
     c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 1.0, "az-d": 1.0})
     d = c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5, "az-d": 0.7})
     assert d.zones["az-c"].share == 1  # the least healthy drains
@@ -260,7 +261,7 @@ def test_at_most_max_drained_zones_drain():
 
 
 def test_max_drained_zones_two():
-    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, max_drained_zones=2))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, max_drained_zones=2))
     c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 1.0, "az-d": 1.0})
     d = c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5, "az-d": 0.7})
     assert d.zones["az-c"].share == 1 and d.zones["az-d"].share <= 10
@@ -270,7 +271,7 @@ def test_max_drained_zones_two():
 
 
 def test_freeze_holds_shares_whatever_the_model_says():
-    c = Cycle()
+    c = SafetyDriver()
     before = c.run(HEALTHY3).shares
     d = c.run({**HEALTHY3, "az-a": 0.1}, controls=Controls(freeze=True))
     assert d.shares == before and d.state == "frozen"
@@ -283,7 +284,7 @@ def test_freeze_holds_shares_whatever_the_model_says():
 
 
 def test_shift_drains_to_the_floor_until_expiry():
-    c = Cycle()
+    c = SafetyDriver()
     c.run(HEALTHY3)
     shift = Controls(shifts={"az-b": c.now + 10})
     d = c.run(HEALTHY3, controls=shift)
@@ -296,7 +297,7 @@ def test_shift_drains_to_the_floor_until_expiry():
 
 
 def test_shift_uses_the_drain_slot():
-    c = Cycle()
+    c = SafetyDriver()
     c.run(HEALTHY3)
     d = c.run({**HEALTHY3, "az-c": 0.5}, controls=Controls(shifts={"az-a": c.now + 100}))
     assert d.zones["az-a"].share == 1
@@ -304,14 +305,14 @@ def test_shift_uses_the_drain_slot():
 
 
 def test_shifting_every_zone_is_ignored():
-    c = Cycle()
+    c = SafetyDriver()
     d = c.run({"az-a": 1.0, "az-b": 1.0}, controls=Controls(shifts={"az-a": T0 + 100, "az-b": T0 + 100}))
     assert d.shares == {"az-a": 50, "az-b": 50}
     assert "every zone is shifted" in d.reasons[0]
 
 
 def test_shift_of_an_unknown_az_is_ignored():
-    d = Cycle().run({"az-a": 1.0, "az-b": 1.0}, controls=Controls(shifts={"az-x": T0 + 100}))
+    d = SafetyDriver().run({"az-a": 1.0, "az-b": 1.0}, controls=Controls(shifts={"az-x": T0 + 100}))
     assert d.shares == {"az-a": 50, "az-b": 50}
 
 
@@ -319,7 +320,7 @@ def test_shift_of_an_unknown_az_is_ignored():
 
 
 def test_state_is_carried_not_mutated():
-    c = Cycle()
+    c = SafetyDriver()
     first = c.run(HEALTHY3)
     snapshot = dict(first.safety_state.shares)
     c.run({**HEALTHY3, "az-c": 0.1})
@@ -327,7 +328,7 @@ def test_state_is_carried_not_mutated():
 
 
 def test_weight_never_below_the_contract_floor():
-    d = Cycle().run({"az-a": 1.0, "az-b": 0.0})
+    d = SafetyDriver().run({"az-a": 1.0, "az-b": 0.0})
     assert d.zones["az-b"].to_json()["weight"] >= MIN_WEIGHT
 
 
@@ -339,7 +340,7 @@ def test_project_shares_respects_bounds_and_sum():
 
 def test_config_from_section():
     cfg = SafetyConfig.from_section(Section({"min_samples": 50, "equal_after_s": 30, "stale_after_s": 5}, "safety"))
-    assert cfg.min_samples == 50 and cfg.degraded_below is None and cfg.degraded_threshold == 0.9
+    assert cfg.min_samples == 50 and cfg.degraded_below is None and cfg.degraded_threshold == DEGRADED_BELOW
     with pytest.raises(ConfigError) as err:
         SafetyConfig.from_section(Section({"stale_after_s": 100, "equal_after_s": 60}, "safety"))
     assert err.value.field == "safety.equal_after_s"
@@ -349,14 +350,14 @@ def test_config_from_section():
 
 
 def test_never_forgets_every_zone():
-    c = Cycle(SafetyConfig(degraded_below=0.9, forget_after_s=100))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, forget_after_s=100))
     c.run({"az-a": 1.0, "az-b": 0.5})
     d = c.run({}, dt=5000)
     assert d.publishable and d.shares == {"az-a": 50, "az-b": 50} and d.state == "stale"
 
 
 def test_shift_is_honoured_even_without_fresh_data():
-    c = Cycle()
+    c = SafetyDriver()
     c.run(HEALTHY3)
     d = c.run({}, dt=5, controls=Controls(shifts={"az-a": T0 + 1000}))
     assert d.zones["az-a"].share == 1 and d.zones["az-a"].state == "shifted"
@@ -372,26 +373,39 @@ def _all_zones_fault(rng: random.Random) -> dict[str, ZoneStats]:
                           rng.uniform(0.0, 0.08), rng.uniform(0.0, 0.05), 3000) for az in ("az-a", "az-b", "az-c")}
 
 
+class FleetDriver:
+    """The daemon's decision (controller/decide.py) cycle after cycle for a fleet of one
+    node per AZ that all report the same figures; the global view's decision."""
+
+    def __init__(self, rules: DecisionRules) -> None:
+        self.rules = rules
+        self.states: dict[str, SafetyState] = {}
+
+    def run(self, zones: dict[str, ZoneStats], now: float):
+        nodes = [NodeEvidence(f"node-{az}", az, zones) for az in zones]
+        views = decide_views(nodes, {GLOBAL_VIEW: zones}, rules=self.rules, states=self.states, now=now)
+        self.states = {name: v.decision.safety_state for name, v in views.items()}
+        return views[GLOBAL_VIEW].decision
+
+
 def test_all_zones_drill_is_panic_throughout_not_a_drain():
-    """The `all-zones` drill through the whole policy (default model + rules). It used to
-    leave panic as soon as one zone's noisy loss read low for a cycle (latency no longer
-    counted: the baseline had followed every zone up), and then drain another zone."""
+    """The `all-zones` drill through the whole decision (default model, quorum, rules). It
+    used to leave panic as soon as one zone's noisy loss read low for a cycle (latency no
+    longer counted: the baseline had followed every zone up), and then drain another zone."""
     rng = random.Random(42)
-    policy = Policy(DefaultModel())
-    state, now = SafetyState(), T0
+    fleet = FleetDriver(DecisionRules(DefaultModel()))
+    now = T0
     healthy = {az: ZoneStats(0.9995, 10.0 + i, 0.35, 0.001, 0.0, 3000) for i, az in enumerate(("az-a", "az-b", "az-c"))}
     for _ in range(3):
         now += 1.0
-        d = policy.decide(healthy, now=now, state=state)
-        state = d.safety_state
+        d = fleet.run(healthy, now)
     assert d.state == "ok"
     for cycle in range(15):
         now += 1.0
         zones = _all_zones_fault(rng)
         if cycle == 5:  # the noisy cycle: az-b reads no loss at all and the lowest P95
             zones["az-b"] = ZoneStats(1.0, 203.0, 0.35, 0.0, 0.0, 3000)
-        d = policy.decide(zones, now=now, state=state)
-        state = d.safety_state
+        d = fleet.run(zones, now)
         check_invariants(d)
         assert d.state == "panic", (cycle, d.reasons, {az: z.reasons for az, z in d.zones.items()})
         assert {z.state for z in d.zones.values()} == {"panic"}
@@ -401,8 +415,7 @@ def test_all_zones_drill_is_panic_throughout_not_a_drain():
     states = []
     for _ in range(20):
         now += 1.0
-        d = policy.decide(healthy, now=now, state=state)
-        state = d.safety_state
+        d = fleet.run(healthy, now)
         states.append(d.state)
         assert all(33 <= s <= 34 for s in d.shares.values()), d.shares
     assert states[0] == "panic" and states[-1] == "ok"
@@ -411,7 +424,7 @@ def test_all_zones_drill_is_panic_throughout_not_a_drain():
 def test_panic_holds_until_out_of_the_condition_for_panic_exit_s():
     """A single good cycle from one zone must not end panic (recovery dwell off here, to
     test the panic hysteresis on its own)."""
-    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, recover_dwell_s=0, panic_exit_s=10))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, drain_dwell_s=0, recover_dwell_s=0, panic_exit_s=10))
     c.run(HEALTHY3)
     sick = {"az-a": 0.6, "az-b": 0.7, "az-c": 0.5}
     assert c.run(sick).state == "panic"
@@ -431,7 +444,7 @@ def test_panic_holds_until_out_of_the_condition_for_panic_exit_s():
 
 
 def test_panic_exit_zero_leaves_panic_at_once():
-    c = Cycle()  # panic_exit_s = 0
+    c = SafetyDriver()  # panic_exit_s = 0
     c.run(HEALTHY3)
     c.run({"az-a": 0.6, "az-b": 0.7, "az-c": 0.5})
     assert c.run({"az-a": 1.0, "az-b": 1.0, "az-c": 0.5}).state == "degraded"
@@ -440,7 +453,7 @@ def test_panic_exit_zero_leaves_panic_at_once():
 def test_recovery_waits_for_recover_dwell_and_a_blip_moves_nothing():
     """A zone under a sustained fault read healthy for one cycle and was set back to ok
     (share 1 -> 11 -> 4). It must stay above the recovery band for recover_dwell_s first."""
-    c = Cycle(SafetyConfig(degraded_below=0.9, recovery_band=0.03, drain_dwell_s=0, recover_dwell_s=3.0))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, recovery_band=0.03, drain_dwell_s=0, recover_dwell_s=3.0))
     c.run(HEALTHY3)
     assert c.run({**HEALTHY3, "az-c": 0.5}).zones["az-c"].share == 1
     blip = c.run(HEALTHY3)  # one healthy cycle in the middle of the fault
@@ -456,11 +469,11 @@ def test_recovery_waits_for_recover_dwell_and_a_blip_moves_nothing():
 def test_drain_dwell_tolerates_cycle_jitter():
     """A 1 s dwell at a 1 s interval took two cycles: the second cycle came 0.998 s after
     the first (pull time jitter) and 0.998 < 1.0 held the drain for another cycle."""
-    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=1.0))
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, drain_dwell_s=1.0))
     c.run(HEALTHY3)
     assert c.run({**HEALTHY3, "az-c": 0.5}, dt=1.003).zones["az-c"].share == 33  # dwell starts
     assert c.run({**HEALTHY3, "az-c": 0.5}, dt=0.998).zones["az-c"].share == 1
-    c = Cycle(SafetyConfig(degraded_below=0.9, drain_dwell_s=1.0))  # the slack stays small
+    c = SafetyDriver(SafetyConfig(degraded_below=0.9, drain_dwell_s=1.0))  # the slack stays small
     c.run(HEALTHY3)
     c.run({**HEALTHY3, "az-c": 0.5})
     assert c.run({**HEALTHY3, "az-c": 0.5}, dt=0.85).zones["az-c"].share == 33
@@ -470,7 +483,7 @@ def test_drained_share_goes_to_the_others_in_proportion_to_their_weights():
     """Seen in a drill: az-a 34 / az-c 65 while az-b drained. az-a sat just below the fair
     share (slightly less healthy), counted as 'recovering', was capped at +5, and the rest
     was spread additively -- over az-c *and* the draining az-b."""
-    c = Cycle()
+    c = SafetyDriver()
     steady = {"az-a": 0.975, "az-b": 1.0, "az-c": 1.0}
     for _ in range(3):
         before = c.run(steady).shares
@@ -480,13 +493,13 @@ def test_drained_share_goes_to_the_others_in_proportion_to_their_weights():
     assert d.shares["az-b"] == 1
     assert abs(d.shares["az-a"] - 99 * ratio / (1 + ratio)) <= 1, d.shares
     # equally healthy zones split a drain evenly
-    c = Cycle()
+    c = SafetyDriver()
     c.run(HEALTHY3)
     assert c.run({**HEALTHY3, "az-b": 0.5}).shares == {"az-a": 50, "az-b": 1, "az-c": 49}
 
 
 def test_a_recovering_zone_takes_its_part_of_a_drain_on_top_of_its_step():
-    c = Cycle()
+    c = SafetyDriver()
     c.run(HEALTHY3)
     c.run({**HEALTHY3, "az-a": 0.5})  # az-a drained
     for _ in range(3):

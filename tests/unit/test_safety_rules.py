@@ -8,7 +8,7 @@ import math
 import pytest
 
 from azprobe.contracts.stats import ZoneStats
-from azprobe.contracts.weights import MAX_REASONS, MAX_STRING, MIN_WEIGHT
+from azprobe.contracts.weights import MAX_REASONS, MAX_STRING, MAX_ZONES, MIN_WEIGHT
 from azprobe.controller.models import ZoneHealth, decay_weight
 from azprobe.controller.safety import (
     RULES,
@@ -87,7 +87,7 @@ def test_rules_run_in_the_documented_order():
     (["az-a"], {"az-b": 10.0}, ["az-a", "az-b"]),  # absent for a while: still in play
     (["az-a"], {"az-b": 3601.0}, ["az-a"]),  # absent > forget_after_s while az-a reports: dropped
     ([], {"az-b": 1e6}, ["az-b"]),  # nothing reports: never forget every zone
-    ([f"z{i:03}" for i in range(120)], {}, [f"z{i:03}" for i in range(100)]),  # each needs >= 1 %
+    ([f"z{i:03}" for i in range(120)], {}, [f"z{i:03}" for i in range(MAX_ZONES)]),  # the document's limit
 ])
 def test_rule0_zones_in_play(inputs, remembered_ago, expected):
     memories = {az: memory(good_ago=ago) for az, ago in remembered_ago.items()}
