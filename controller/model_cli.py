@@ -20,7 +20,8 @@ from pathlib import Path
 
 import click
 
-from azprobe.config import Section, load_toml
+from azprobe.config import MAX_FILE_BYTES, Section, load_toml, read_file
+from azprobe.contracts import bounded_json
 from azprobe.errors import ConfigError
 from azprobe.contracts.stats import StatsError, parse_stats_document
 from azprobe.contracts.weights import MAX_WEIGHT, MIN_WEIGHT
@@ -35,14 +36,11 @@ def _reject_constant(name: str) -> float:
 
 def read_stats(path: str) -> dict:
     p = Path(path)
+    raw = read_file(p, str(p))
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot read stats file: {exc.strerror}", "pass an existing STATS.json") from None
-    try:
-        doc = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise ConfigError(str(p), f"not valid JSON: {exc}") from None
+        doc = bounded_json.loads(raw, max_bytes=MAX_FILE_BYTES, what="stats file", parse_constant=_reject_constant)
+    except ValueError as exc:  # JsonRefused, or _reject_constant's refusal of NaN / Infinity
+        raise ConfigError(str(p), str(exc)) from None
     try:
         return parse_stats_document(doc)
     except StatsError as exc:

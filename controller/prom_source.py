@@ -18,13 +18,13 @@ of the last window read, so overlapping lookbacks never count a scrape twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 
 import aiohttp
 
+from azprobe.contracts import bounded_json
 from azprobe.contracts.window import Window
 from azprobe.controller.collect import (AgentCursor, AgentTarget, CollectCounters, Collector, PullResult,
                                         WindowStore)
@@ -95,7 +95,7 @@ class PrometheusCollector:
             self._failed(result, str(exc))
             self.counters.pull_errors += 1
             self._shrink_range()
-        except (aiohttp.ClientError, OSError, ValueError, RecursionError) as exc:  # PromAnswerError is a ValueError
+        except (aiohttp.ClientError, OSError, ValueError) as exc:  # PromAnswerError, JsonRefused are ValueErrors
             self._failed(result, str(exc) or type(exc).__name__)
             self.counters.pull_errors += 1
         else:
@@ -196,7 +196,8 @@ class PrometheusCollector:
             del self.cursors[key]
 
     def _decode(self, body: bytes) -> ParsedAnswer:
-        return parse_answer(json.loads(body), max_series=self.settings.max_series)
+        doc = bounded_json.loads(body, max_bytes=self.settings.max_response_bytes, what="prometheus answer")
+        return parse_answer(doc, max_series=self.settings.max_series)
 
     async def _query(self) -> bytes:
         """GET /api/v1/query; the body is read up to max_response_bytes, never more."""

@@ -213,7 +213,8 @@ BAD_ENDPOINTS = [
     ('{"az-a": ["198.18.1.10"]}', "az-a[0]: '198.18.1.10' is not ip:port"),
     ('{"az-a": ["db.internal:5432"]}', "az-a[0]: 'db.internal:5432': 'db.internal' is not an IP address"),
     ('{"az-a": []}', "az-a: expected a non-empty list"),
-    ('{"az-a": ', "is not valid JSON"),
+    ('{"az-a": ', "endpoints.json: not valid JSON"),
+    ("[" * 100_000, "endpoints.json: JSON nested too deeply"),
 ]
 
 
