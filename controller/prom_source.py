@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from azprobe.contracts import bounded_json
-from azprobe.contracts.window import Window
+from azprobe.contracts.window import Window, printable
 from azprobe.controller.collect import (AgentCursor, AgentTarget, CollectCounters, Collector, PullResult,
                                         WindowStore)
 from azprobe.controller.config import PrometheusSettings
@@ -182,6 +182,7 @@ class PrometheusCollector:
         return min(lookback, max(0.0, behind) + RANGE_MARGIN_S)
 
     def _failed(self, result: PullResult, error: str) -> None:
+        error = printable(error, 300)  # Prometheus's own words (an error body): no terminal escapes
         if error != self._last_error:
             log.info("prometheus query failing: %s", error)
             self._last_error = error
