@@ -48,10 +48,10 @@ def read_token_file(path: str | Path) -> str:
     return token
 
 
-def _page(status: int, content_type: str, body: bytes) -> WindowsPage:
+def _page(status: int, content_type: str, body: bytes, max_body_bytes: int) -> WindowsPage:
     if status != 200:
         raise AgentHttpStatus(f"HTTP {status}")
-    return decode_page(body, content_type)
+    return decode_page(body, content_type, max_bytes=max_body_bytes)
 
 
 async def pull_page(http: AgentHttpClient, ep: Endpoint, after: int, *, token: str = "",
@@ -59,7 +59,7 @@ async def pull_page(http: AgentHttpClient, ep: Endpoint, after: int, *, token: s
     """One page of windows after `after` (async, on the caller's connection pool).
     Raises TimeoutError, OSError, HttpError, AgentHttpStatus or WindowError."""
     response = await http.get(ep, windows_path(after), timeout_s, request_headers(token))
-    return _page(response.status, response.content_type, response.body)
+    return _page(response.status, response.content_type, response.body, http.max_body_bytes)
 
 
 def fetch_page(base_url: str, after: int, *, token: str = "", timeout_s: float = 2.0,
@@ -73,7 +73,7 @@ def fetch_page(base_url: str, after: int, *, token: str = "", timeout_s: float =
             body = resp.read(max_body_bytes + 1)
             if len(body) > max_body_bytes:
                 raise HttpError(f"body exceeds the cap of {max_body_bytes} bytes")
-            return _page(resp.status, resp.headers.get("Content-Type", ""), body)
+            return _page(resp.status, resp.headers.get("Content-Type", ""), body, max_body_bytes)
     except urllib.error.HTTPError as exc:
         exc.close()
         raise AgentHttpStatus(f"HTTP {exc.code}") from None

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from azprobe.contracts.window import printable
 from azprobe.errors import AzprobeError
 
 # command name -> ("module:attribute" of a click.Command, one-line help for the listing)
@@ -73,7 +74,7 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except AzprobeError as exc:
-        click.echo(f"azprobe: {exc}", err=True)
+        click.echo(f"azprobe: {printable(str(exc), 2000)}", err=True)  # may quote a peer's words
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

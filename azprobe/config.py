@@ -10,27 +10,77 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from azprobe.contracts import bounded_json
 from azprobe.errors import ConfigError
+
+
+MAX_FILE_BYTES = 4 * 1024 * 1024  # an operator's file (config, endpoints, stats): far above any real one
+
+# What tomllib reads as text, not structure: strings (multi-line ones end at the last
+# three of a run of up to five quotes) and comments. Past tomllib's first syntax error
+# nothing is read, so only text it accepts must be split as it splits it.
+_TOML_TEXT = re.compile(rb"""
+    \"\"\"(?:[^"\\]|\\[\s\S]?|"{1,2}(?!"))*(?:"{3,5}|\Z)
+  | '\'\'(?:[^']|'{1,2}(?!'))*(?:'{3,5}|\Z)
+  | "(?:[^"\\\n]|\\[\s\S]?)*(?:"|\Z|(?=\n))
+  | '[^'\n]*(?:'|\Z|(?=\n))
+  | \#[^\n]*
+""", re.VERBOSE)  # every alternative matches once it starts: one linear pass
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def read_file(path: str | Path, field: str) -> bytes:
+    """An operator's file, at most MAX_FILE_BYTES; a ConfigError on `field` otherwise."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(field, f"{p}: file not found", "pass an existing file") from None
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {p}: {exc.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(field, f"{p} is larger than {MAX_FILE_BYTES} bytes")
+    return raw
+
+
+def parse_toml(raw: bytes, field: str) -> dict[str, Any]:
+    """TOML text nested at most bounded_json.MAX_DEPTH deep (tomllib recurses per
+    level); a ConfigError on `field` for anything else."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, f"not valid TOML: not UTF-8 at byte {exc.start}") from None
+    parens = _TOML_TEXT.sub(b"", raw).translate(None, _NOT_BRACKETS).translate(bounded_json.PARENS)
+    depth = bounded_json.depth_over(parens, bounded_json.MAX_DEPTH)
+    if depth is not None:
+        raise ConfigError(field, f"not valid TOML: nested too deeply ({depth} levels, "
+                                 f"the limit is {bounded_json.MAX_DEPTH})")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(field, f"not valid TOML: {exc}") from None
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file; a missing or unparsable file is a ConfigError naming it."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(str(p), "config file not found", "pass --config with an existing file") from None
     except OSError as exc:
         raise ConfigError(str(p), f"cannot read config: {exc.strerror}") from None
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(p), f"not valid TOML: {exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(str(p), f"config larger than {MAX_FILE_BYTES} bytes")
+    return parse_toml(raw, str(p))
 
 
 class Section:

@@ -35,10 +35,11 @@ from typing import Any
 
 import consul
 import consul.base
+import consul.std
 import requests
 
 from azprobe.config import Section
-from azprobe.contracts import kv
+from azprobe.contracts import bounded_json, kv
 from azprobe.errors import AzprobeError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 DEFAULT_ADDRESS = "http://127.0.0.1:8500"
 DEFAULT_PREFIX = kv.DEFAULT_PREFIX
 MAX_TXN_OPS = 128  # Consul's limit per transaction
+# The largest answer read: one KV value (base64 grows it by a third) with its metadata,
+# with room for a recursive read of the few small switches under control/.
+MAX_ANSWER_BYTES = 8 * kv.MAX_VALUE_BYTES
 ADDRESS_HELP = "pass --consul URL or set CONSUL_HTTP_ADDR"
 TOKEN_HELP = "set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or consul.token_file"
 
@@ -183,13 +187,33 @@ def resolve_token(token_file: str | None, field_name: str) -> str | None:
 
 # --- client -------------------------------------------------------------------------
 
+class _BoundedHTTPClient(consul.std.HTTPClient):
+    """py-consul's HTTP client, refusing an answer too large or too deeply nested before
+    py-consul's own json.loads reads it (refused as a ConsulException, so callers see a
+    ConsulError like any failed read)."""
+
+    def response(self, response: requests.Response, raw: bool = False) -> consul.base.Response:
+        if not raw:
+            try:
+                bounded_json.check(response.content, max_bytes=MAX_ANSWER_BYTES, what="Consul's answer")
+            except bounded_json.JsonRefused as exc:
+                raise consul.ConsulException(str(exc)) from None
+        return super().response(response, raw)
+
+
+class _BoundedConsul(consul.Consul):
+    def http_connect(self, host: str, port: int, scheme: str, verify: bool | str = True,
+                     cert: Any = None) -> consul.std.HTTPClient:
+        return _BoundedHTTPClient(host, port, scheme, verify, cert, connections_timeout=self.connections_timeout)
+
+
 def make_client(settings: ConsulSettings) -> consul.Consul:
     """A py-consul client for the settings. py-consul lets CONSUL_HTTP_TOKEN override an
     explicit token; we set the resolved token afterwards so the settings decide."""
     scheme, host, port = settings.parts
     verify: bool | str = settings.ca_file or True
-    client = consul.Consul(host=host, port=port, scheme=scheme, verify=verify,
-                           connections_timeout=settings.timeout_s)
+    client = _BoundedConsul(host=host, port=port, scheme=scheme, verify=verify,
+                            connections_timeout=settings.timeout_s)
     client.token = settings.token
     return client
 
@@ -289,7 +313,8 @@ def _txn_callback(address: str) -> Callable[[consul.base.Response], list[dict]]:
     def callback(response: consul.base.Response) -> list[dict]:
         body: Any = None
         try:
-            body = json.loads(response.body) if response.body else None
+            body = (bounded_json.loads(response.body, max_bytes=MAX_ANSWER_BYTES, what="Consul's txn answer")
+                    if response.body else None)
         except (TypeError, ValueError):
             body = None
         if response.code == 409:

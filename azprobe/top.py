@@ -15,6 +15,7 @@ import click
 
 from azprobe.agentclient import WindowReader, read_token_file, request_headers
 from azprobe.agenthttp import HttpError
+from azprobe.contracts import bounded_json
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.window import PathStats, Window, WindowError
 
@@ -35,7 +36,7 @@ def fetch_json(url: str, timeout: float = 2.0, token: str = "") -> dict:
             body = resp.read(MAX_DOC_BYTES + 1)
             if len(body) > MAX_DOC_BYTES:
                 raise ValueError(f"more than {MAX_DOC_BYTES} bytes")
-            return json.loads(body)
+            return bounded_json.loads(body, max_bytes=MAX_DOC_BYTES, what=f"the answer of {url}")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise _unreachable(url, exc) from None
 

@@ -16,12 +16,11 @@ and reported. Key names and values come from KV: reported through `printable`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from azprobe.contracts import kv
+from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.window import printable
 from azprobe.controller.safety import Controls
 
@@ -41,8 +40,8 @@ def _decode(raw: bytes | None) -> object:
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
+        return bounded_json.loads(raw, max_bytes=kv.MAX_VALUE_BYTES, what="control value")
+    except bounded_json.JsonRefused:
         return raw.decode("utf-8", "replace").strip()
 
 

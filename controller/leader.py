@@ -31,7 +31,7 @@ from typing import Any
 import consul
 
 from azprobe.consul import ConsulError, ConsulSettings, translate_error
-from azprobe.contracts import kv
+from azprobe.contracts import bounded_json, kv
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,8 @@ class LeaderElection:
         if not data or not data.get("Session"):
             return None
         try:
-            value = json.loads(data.get("Value") or b"{}")
-        except ValueError:
+            value = bounded_json.loads(data.get("Value") or b"{}", max_bytes=kv.MAX_VALUE_BYTES, what="leader key")
+        except bounded_json.JsonRefused:
             value = {}
         return {**(value if isinstance(value, dict) else {}), "session": data["Session"]}
 
@@ -151,6 +151,7 @@ class LeaderElection:
 # Controllers talk to each other directly: an http_proxy in the environment must not
 # answer (or fail) on the leader's behalf.
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+MAX_HEALTHZ_BYTES = 65536  # /healthz is a small object; more is not a controller answering
 
 
 def probe_healthz(address: str, timeout_s: float) -> str | None:
@@ -158,8 +159,8 @@ def probe_healthz(address: str, timeout_s: float) -> str | None:
     (refused, timeout, not our JSON)."""
     try:
         with _NO_PROXY.open(f"http://{address}/healthz", timeout=timeout_s) as resp:
-            body = json.loads(resp.read(65536))
-    except (OSError, ValueError):  # URLError and timeouts are OSErrors
+            body = bounded_json.loads(resp.read(MAX_HEALTHZ_BYTES), max_bytes=MAX_HEALTHZ_BYTES, what="healthz")
+    except (OSError, bounded_json.JsonRefused):  # URLError and timeouts are OSErrors
         return None
     name = body.get("name") if isinstance(body, dict) else None
     return name if isinstance(name, str) else None

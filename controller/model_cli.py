@@ -34,7 +34,8 @@ from typing import Any
 
 import click
 
-from azprobe.config import Section, load_toml
+from azprobe.config import MAX_FILE_BYTES, Section, load_toml, read_file
+from azprobe.contracts import bounded_json
 from azprobe.contracts.stats import StatsError, ZoneStats, parse_nodes_document, parse_stats_document
 from azprobe.contracts.weights import MAX_WEIGHT, MIN_WEIGHT
 from azprobe.controller.config import load_model_from, parse_model, parse_safety
@@ -56,14 +57,11 @@ def read_stats(path: str) -> tuple[dict[str, ZoneStats], list[NodeEvidence] | No
     A per-node document's zones are every zone a node saw, with the median of the nodes'
     `util` figures (the daemon measures utilisation once per AZ)."""
     p = Path(path)
+    raw = read_file(p, str(p))
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot read stats file: {exc.strerror}", "pass an existing STATS.json") from None
-    try:
-        doc = json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise ConfigError(str(p), f"not valid JSON: {exc}") from None
+        doc = bounded_json.loads(raw, max_bytes=MAX_FILE_BYTES, what="stats file", parse_constant=_reject_constant)
+    except ValueError as exc:  # JsonRefused, or _reject_constant's refusal of NaN / Infinity
+        raise ConfigError(str(p), str(exc)) from None
     try:
         if isinstance(doc, Mapping) and "nodes" in doc:
             if "zones" in doc:

@@ -18,14 +18,14 @@ of the last window read, so overlapping lookbacks never count a scrape twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 
 import aiohttp
 
-from azprobe.contracts.window import Window
+from azprobe.contracts import bounded_json
+from azprobe.contracts.window import Window, printable
 from azprobe.controller.collect import (AgentCursor, AgentTarget, CollectCounters, Collector, PullResult,
                                         WindowStore)
 from azprobe.controller.config import PrometheusSettings
@@ -95,7 +95,7 @@ class PrometheusCollector:
             self._failed(result, str(exc))
             self.counters.pull_errors += 1
             self._shrink_range()
-        except (aiohttp.ClientError, OSError, ValueError, RecursionError) as exc:  # PromAnswerError is a ValueError
+        except (aiohttp.ClientError, OSError, ValueError) as exc:  # PromAnswerError, JsonRefused are ValueErrors
             self._failed(result, str(exc) or type(exc).__name__)
             self.counters.pull_errors += 1
         else:
@@ -182,6 +182,7 @@ class PrometheusCollector:
         return min(lookback, max(0.0, behind) + RANGE_MARGIN_S)
 
     def _failed(self, result: PullResult, error: str) -> None:
+        error = printable(error, 300)  # Prometheus's own words (an error body): no terminal escapes
         if error != self._last_error:
             log.info("prometheus query failing: %s", error)
             self._last_error = error
@@ -196,7 +197,8 @@ class PrometheusCollector:
             del self.cursors[key]
 
     def _decode(self, body: bytes) -> ParsedAnswer:
-        return parse_answer(json.loads(body), max_series=self.settings.max_series)
+        doc = bounded_json.loads(body, max_bytes=self.settings.max_response_bytes, what="prometheus answer")
+        return parse_answer(doc, max_series=self.settings.max_series)
 
     async def _query(self) -> bytes:
         """GET /api/v1/query; the body is read up to max_response_bytes, never more."""

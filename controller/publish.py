@@ -29,7 +29,6 @@ What is written, and when:
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -40,8 +39,9 @@ import consul
 
 from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
 from azprobe.consul import MAX_TXN_OPS
-from azprobe.contracts import kv
-from azprobe.contracts.weights import MAX_INT, WeightsDoc, WeightsError, ZoneWeights, parse_weights
+from azprobe.contracts import bounded_json, kv
+from azprobe.contracts.window import printable
+from azprobe.contracts.weights import MAX_DOC_BYTES, MAX_INT, WeightsDoc, WeightsError, ZoneWeights, parse_weights
 from azprobe.controller.decide import GLOBAL_VIEW
 
 log = logging.getLogger(__name__)
@@ -121,14 +121,16 @@ class Publisher:
         if state.value:
             try:
                 current = parse_weights(state.value).generation
-            except WeightsError:
+            except WeightsError as exc:
                 # An invalid document still tells us the generation readers last saw.
                 try:
-                    raw = json.loads(state.value)
+                    raw = bounded_json.loads(state.value, max_bytes=MAX_DOC_BYTES, what="weights document")
                     value = raw.get("generation") if isinstance(raw, dict) else None
                     current = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-                except ValueError:
+                except bounded_json.JsonRefused:
                     current = 0
+                log.warning("the weights document in KV is invalid (%s): continuing above generation %d",
+                            printable(str(exc), 200), current)
         if current > MAX_CONTINUED_GENERATION:
             log.warning("the weights document in KV has generation %d, beyond any a leader writes: "
                         "restarting the numbering at 1 in a new term", current)

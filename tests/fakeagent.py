@@ -5,8 +5,9 @@ answers `GET /v1/windows?after=SEQ` like the real agent. One FakeAgentServer (ai
 its own thread and loop, real HTTP on 127.0.0.1) serves many agents: agent KEY lives at
 `http://127.0.0.1:PORT/a/KEY` (the controller appends /v1/windows to the base URL).
 Tests steer an agent directly: pause it (no new windows: stale), restart it (new boot_id,
-seq from 1), push garbage, fail its pulls with HTTP 500, or make it slow. An Impersonator
-is a hostile agent that writes windows in other nodes' names.
+seq from 1), push garbage, fail its pulls with HTTP 500, make it slow, or have it answer
+any bytes at all (raw_answer). An Impersonator is a hostile agent that writes windows in
+other nodes' names.
 
 `python -m tests.fakeagent --agents N --azs az-a,az-b,az-c --address-file F` serves N
 generated agents on port 0 and writes the bound host:port to F, like the daemons do (the
@@ -73,6 +74,7 @@ class FakeAgent:
         self.paused = False  # True: answers pulls but makes no new windows (stale)
         self.fail_status = 0  # non-zero: answer every pull with this HTTP status
         self.delay_s = 0.0  # answer this late (a slow agent)
+        self.raw_answer: tuple[bytes, str] | None = None  # (body, media type) served instead of the ring
         self.held = 0  # pulls being held back by delay_s right now
         self.pulls = 0
         self.lock = threading.Lock()
@@ -204,7 +206,7 @@ class FakeAgentServer:
             after = int(request.query.get("after", "0"))
         except ValueError:
             return web.json_response({"error": "after: not an integer"}, status=400)
-        body, media = agent.encoded_body(after, request.headers.get("Accept"))
+        body, media = agent.raw_answer or agent.encoded_body(after, request.headers.get("Accept"))
         return web.Response(body=body, content_type=media)
 
     def _serve(self) -> None:

@@ -33,16 +33,17 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
+from azprobe.config import MAX_FILE_BYTES, parse_toml, read_file
 from azprobe.consul import ConsulSettings, make_client, read_key
 from azprobe.consumers.failover import FAILOVER_PRIORITY, failover_zones
 from azprobe.errors import AzprobeError, ConfigError
+from azprobe.contracts import bounded_json
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -95,17 +96,17 @@ def parse_endpoints(data: Any, source: str) -> Endpoints:
 def load_endpoints(path: str | Path) -> Endpoints:
     """Read an endpoints file: JSON, or TOML when the name ends in .toml."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("--endpoints", f"cannot read {p}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError("--endpoints", f"{p} is not UTF-8 text") from None
-    try:
-        data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        kind = "TOML" if p.suffix == ".toml" else "JSON"
-        raise ConfigError("--endpoints", f"{p} is not valid {kind}: {exc}") from None
+    raw = read_file(p, "--endpoints")
+    if p.suffix == ".toml":
+        try:
+            data = parse_toml(raw, str(p))
+        except ConfigError as exc:
+            raise ConfigError("--endpoints", f"{p}: {exc.problem}") from None
+    else:
+        try:
+            data = bounded_json.loads(raw, max_bytes=MAX_FILE_BYTES, what=str(p))
+        except bounded_json.JsonRefused as exc:
+            raise ConfigError("--endpoints", str(exc)) from None
     return parse_endpoints(data, str(p))
 
 

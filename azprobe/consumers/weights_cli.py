@@ -18,7 +18,8 @@ import click
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client, read_key
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts import kv
-from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
+from azprobe.contracts.weights import MAX_STRING, WeightsDoc, WeightsError, parse_weights
+from azprobe.contracts.window import printable
 
 COLUMNS = ("AZ", "SHARE", "WEIGHT", "HEALTH", "SUCCESS", "P95 ms", "UTIL", "STATE", "REASONS")
 REASONS_WIDTH = 60
@@ -45,10 +46,12 @@ def _percent(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value * 100:.{digits}f}%"
 
 
+# Every string of a document is KV text (any writer can put one there): each is shown
+# through printable, so no control character reaches the terminal.
 def render_header(doc: WeightsDoc, key: str, now: float) -> str:
-    view = f"from {doc.source_az}" if doc.source_az else "global"
-    fields = (f"generation {doc.generation}  leader {doc.leader or '-'}  model {doc.model or '-'}  "
-              f"view {view}  age {_duration(doc.age_s(now))}")
+    view = f"from {printable(doc.source_az, MAX_STRING)}" if doc.source_az else "global"
+    fields = (f"generation {doc.generation}  leader {printable(doc.leader, MAX_STRING) or '-'}  "
+              f"model {printable(doc.model, MAX_STRING) or '-'}  view {view}  age {_duration(doc.age_s(now))}")
     if doc.is_stale(now):
         return (f"STALE: weights at {key} expired {_duration(now - doc.expires_at)} ago; do not act "
                 f"on them (is the controller running?)\n{fields}  state STALE (was {doc.state})")
@@ -60,10 +63,10 @@ def render_table(doc: WeightsDoc, key: str, now: float) -> str:
     stale = doc.is_stale(now)
     rows = [COLUMNS]
     for az, zone in sorted(doc.zones.items(), key=lambda item: (-item[1].share, item[0])):
-        reasons = "; ".join(zone.reasons) or "-"
+        reasons = "; ".join(printable(r, MAX_STRING) for r in zone.reasons) or "-"
         if len(reasons) > REASONS_WIDTH:
             reasons = reasons[:REASONS_WIDTH - 3] + "..."
-        rows.append((az, f"{zone.share}%", f"{zone.weight:.3f}", f"{zone.health:.2f}",
+        rows.append((printable(az, MAX_STRING), f"{zone.share}%", f"{zone.weight:.3f}", f"{zone.health:.2f}",
                      _percent(zone.success, 2), "-" if zone.p95_ms is None else f"{zone.p95_ms:.1f}",
                      _percent(zone.util, 0), "STALE" if stale else zone.state, reasons))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
@@ -83,8 +86,10 @@ def failover_note(doc: WeightsDoc, stale: bool) -> str:
     if stale or not drained:
         return ""
     live = effective_shares(doc)
-    split = " ".join(f"{az}={share:.0f}%" for az, share in sorted(live.items()) if az not in drained)
-    return (f"\nfailover only (envoy-eds priority 1): {', '.join(drained)}: 0% of requests while the others "
+    split = " ".join(f"{printable(az, MAX_STRING)}={share:.0f}%" for az, share in sorted(live.items())
+                     if az not in drained)
+    shown = ", ".join(printable(az, MAX_STRING) for az in drained)
+    return (f"\nfailover only (envoy-eds priority 1): {shown}: 0% of requests while the others "
             f"are healthy; Envoy's split: {split}")
 
 
@@ -95,7 +100,7 @@ def decode_or_explain(state: KeyState, key: str, address: str, now: float) -> We
     try:
         return parse_weights(state.value, now=now)
     except WeightsError as exc:
-        raise AzprobeError(f"weights at {key} are invalid: {exc}") from None
+        raise AzprobeError(f"weights at {key} are invalid: {printable(str(exc), 500)}") from None
 
 
 def _watch(settings: ConsulSettings, key: str, as_json: bool) -> None:
@@ -116,7 +121,7 @@ def _watch(settings: ConsulSettings, key: str, as_json: bool) -> None:
             except queue.Empty:
                 item = None
             if isinstance(item, ConsulError):
-                problem = str(item)
+                problem = printable(str(item), 500)
             elif isinstance(item, KeyState):
                 try:
                     doc, problem = decode_or_explain(item, key, settings.address, time.time()), None

@@ -22,6 +22,7 @@ FREEZE = CONTROL + "freeze"
 SHIFT = CONTROL + "shift/"
 DOCTOR = "doctor/"
 MAX_AZ_NAME = 256
+MAX_VALUE_BYTES = 512 * 1024  # Consul's kv_max_value_size default: no value read from KV is larger
 
 
 def is_az_name(name: object) -> bool:

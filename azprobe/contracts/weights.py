@@ -32,6 +32,8 @@ from types import MappingProxyType
 from typing import Any
 
 from azprobe.contracts.window import name_problem
+from azprobe.contracts import bounded_json
+from azprobe.contracts.kv import MAX_VALUE_BYTES
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schema" / "weights.schema.json"
@@ -51,7 +53,7 @@ MAX_TIMESTAMP = 1e11  # unix seconds, year ~5138: anything later is garbage
 MAX_CLOCK_SKEW_S = 10.0
 MAX_TERM = 128  # a term id: 1..128 of [A-Za-z0-9._-], like a boot id
 MAX_P95_MS = 86_400_000.0  # one day
-MAX_DOC_BYTES = 512 * 1024  # Consul's value size limit
+MAX_DOC_BYTES = MAX_VALUE_BYTES  # a document is one KV value
 OVERALL_STATES = frozenset({"ok", "degraded", "panic", "frozen", "stale"})
 ZONE_STATES = frozenset({"ok", "degraded", "stale", "panic", "frozen", "shifted"})
 DOC_FIELDS = ("schema", "generation", "generated_at", "expires_at", "source_az", "leader",
@@ -362,29 +364,13 @@ def parse_weights(raw: bytes | str, *, now: float | None = None) -> WeightsDoc:
     for anything that is not a valid document, and counts it; never anything else.
     Readers pass `now` (their clock): a document from the future is refused too."""
     try:
-        if isinstance(raw, (bytes, bytearray, memoryview)):
-            if len(raw) > MAX_DOC_BYTES:
-                raise WeightsError("", f"document of {len(raw)} bytes exceeds {MAX_DOC_BYTES}")
-            try:
-                text = bytes(raw).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise WeightsError("", f"not UTF-8 at byte {exc.start}") from None
-        elif isinstance(raw, str):
-            text = raw
-            if len(text) > MAX_DOC_BYTES:
-                raise WeightsError("", f"document of {len(text)} chars exceeds {MAX_DOC_BYTES}")
-        else:
+        if not isinstance(raw, (bytes, bytearray, memoryview, str)):
             raise WeightsError("", f"expected bytes or str, got {type(raw).__name__}")
         try:
-            doc = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
-        except WeightsError:
-            raise
-        except json.JSONDecodeError as exc:
-            raise WeightsError("", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-        except RecursionError:
-            raise WeightsError("", "JSON nested too deeply") from None
-        except ValueError as exc:  # e.g. an integer literal with thousands of digits
-            raise WeightsError("", f"not valid JSON: {str(exc)[:80]}") from None
+            doc = bounded_json.loads(raw, max_bytes=MAX_DOC_BYTES, what="weights document",
+                                     parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        except bounded_json.JsonRefused as exc:
+            raise WeightsError("", str(exc)) from None
         parsed = weights_from_json(doc)
         return parsed if now is None else _refuse_future(parsed, now)
     except WeightsError:

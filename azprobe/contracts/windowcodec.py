@@ -34,6 +34,7 @@ from typing import Annotated, Callable
 
 import msgspec
 
+from azprobe.contracts import bounded_json
 from azprobe.contracts.sketch import NUM_BUCKETS, Histogram
 from azprobe.contracts.window import (
     DEFAULT_SOURCE,
@@ -123,7 +124,18 @@ class _Page(msgspec.Struct, array_like=True):
     windows: list[msgspec.Raw]
 
 
+class _TypedPage(msgspec.Struct, array_like=True):
+    """A page whose every window is valid by type: one decode, and no value is skipped
+    untyped (msgspec skips recursively, so only a depth-checked body may be skipped)."""
+
+    node: str
+    az: str
+    boot_id: str
+    windows: list[_Window]
+
+
 _PAGE_DECODER = msgspec.msgpack.Decoder(_Page)
+_TYPED_PAGE_DECODER = msgspec.msgpack.Decoder(_TypedPage)
 _WINDOW_DECODER = msgspec.msgpack.Decoder(_Window)
 _HEAD_DECODER = msgspec.msgpack.Decoder(_WindowHead)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -227,6 +239,10 @@ def _window_from_compact(raw: bytes | msgspec.Raw) -> Window:
         raise WindowError(_field_error(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise WindowError(f"window: not msgpack ({exc})") from None
+    return _window_from_struct(c)
+
+
+def _window_from_struct(c: _Window) -> Window:
     if c.schema != SCHEMA_VERSION:
         raise WindowError(f"schema: unsupported version {c.schema!r} (this azprobe reads {SCHEMA_VERSION})")
     paths = []
@@ -238,6 +254,10 @@ def _window_from_compact(raw: bytes | msgspec.Raw) -> Window:
     return check_window(Window(node=c.node, az=c.az, boot_id=c.boot_id, seq=c.seq, start=c.start, end=c.end,
                                util=Utilisation(c.cpu, c.mem), paths=paths, lost_events=c.lost_events,
                                source=c.source))
+
+
+def _typed_pending(c: _Window) -> PendingWindow:
+    return PendingWindow(c.seq, c.end, lambda: _window_from_struct(c))
 
 
 def _compact_pending(raw: msgspec.Raw) -> PendingWindow:
@@ -291,11 +311,77 @@ def page_from_doc(doc: object) -> WindowsPage:
                                 (lambda raw=raw: parse_window(raw))) for raw in doc["windows"]])
 
 
-def decode_page(body: bytes, content_type: str | None) -> WindowsPage:
-    """A /v1/windows response body in either encoding; raises WindowError when the page
-    itself (not one of its windows) is unreadable."""
+# msgpack type bytes -> bytes to skip after them (fixed-size values), and the width of the
+# length that follows (strings, binaries, extensions) or the count (arrays, maps).
+_MSGPACK_FIXED = {0xc0: 0, 0xc2: 0, 0xc3: 0, 0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8,
+                  0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd3: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}
+_MSGPACK_SIZED = {0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4}  # bin, str
+_MSGPACK_EXT = {0xc7: 1, 0xc8: 2, 0xc9: 4}  # length, then one type byte
+_MSGPACK_ARRAY = {0xdc: 2, 0xdd: 4}
+_MSGPACK_MAP = {0xde: 2, 0xdf: 4}
+
+
+def msgpack_depth_exceeds(data: bytes, max_depth: int) -> bool:
+    """Whether msgpack `data` nests arrays and maps more than max_depth deep. One pass
+    over the value headers, without recursing; a truncated body ends the pass (the
+    decoder refuses it). Only run on a page the typed decoder refused."""
+    pos, end = 0, len(data)
+    remaining, stack = 1, []  # values left at this level; those of the levels above
+    while True:
+        if remaining == 0:
+            if not stack:
+                return False
+            remaining = stack.pop()
+            continue
+        if pos >= end:
+            return False
+        b = data[pos]
+        pos += 1
+        remaining -= 1
+        if b <= 0x7f or b >= 0xe0:
+            continue
+        if b <= 0x8f:
+            count = 2 * (b & 0x0f)
+        elif b <= 0x9f:
+            count = b & 0x0f
+        elif b <= 0xbf:
+            pos += b & 0x1f
+            continue
+        elif b in _MSGPACK_FIXED:
+            pos += _MSGPACK_FIXED[b]
+            continue
+        elif b in _MSGPACK_SIZED or b in _MSGPACK_EXT:
+            width = _MSGPACK_SIZED.get(b) or _MSGPACK_EXT[b]
+            pos += width + int.from_bytes(data[pos:pos + width], "big") + (b in _MSGPACK_EXT)
+            continue
+        elif b in _MSGPACK_ARRAY or b in _MSGPACK_MAP:
+            width = _MSGPACK_ARRAY.get(b) or _MSGPACK_MAP[b]
+            count = int.from_bytes(data[pos:pos + width], "big") * (2 if b in _MSGPACK_MAP else 1)
+            pos += width
+        else:  # 0xc1, never used
+            return False
+        if len(stack) + 1 > max_depth:
+            return True
+        if count:
+            stack.append(remaining)
+            remaining = count
+
+
+def decode_page(body: bytes, content_type: str | None, *, max_bytes: int) -> WindowsPage:
+    """A /v1/windows response body of at most max_bytes in either encoding; raises
+    WindowError when the page itself (not one of its windows) is unreadable."""
     media = (content_type or JSON_TYPE).split(";", 1)[0].strip().lower()
+    if len(body) > max_bytes:
+        raise WindowError(f"response: {len(body)} bytes exceed the limit of {max_bytes}")
     if media == COMPACT_TYPE:
+        try:
+            typed = _TYPED_PAGE_DECODER.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass  # a bad window or a bad page: window by window below tells which
+        else:
+            return _page(typed.node, typed.az, typed.boot_id, [_typed_pending(c) for c in typed.windows])
+        if msgpack_depth_exceeds(body, bounded_json.MAX_DEPTH):
+            raise WindowError(f"response: msgpack nested more than {bounded_json.MAX_DEPTH} levels deep")
         try:
             page = _PAGE_DECODER.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -304,7 +390,7 @@ def decode_page(body: bytes, content_type: str | None) -> WindowsPage:
     if media != JSON_TYPE and not media.endswith("+json"):
         raise WindowError(f"response: unexpected Content-Type {media[:60]!r}")
     try:
-        doc = json.loads(body)
-    except ValueError as exc:
-        raise WindowError(f"response: not JSON ({exc})") from None
+        doc = bounded_json.loads(body, max_bytes=max_bytes, what="response")
+    except bounded_json.JsonRefused as exc:
+        raise WindowError(str(exc)) from None
     return page_from_doc(doc)

@@ -151,6 +151,34 @@ def test_invalid_document_is_one_clear_line(shared_consul, capsys, monkeypatch):
         assert field in err and err.count("\n") == 1, err
 
 
+def _raw_controls(text: str) -> set[str]:
+    """Terminal control characters in `text`: C0 but the newline, DEL and C1."""
+    return {c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) <= 0x9f}
+
+
+def test_kv_text_reaches_the_terminal_escaped(shared_consul):
+    """Any writer can put a document in KV: its strings reach the terminal without one
+    control character (no screen clear, no bell, no title change), as explain shows them."""
+    hostile = "\x1b[2J\x07\x9b1m"
+    doc = sample_weights_doc(5, {"az-a": 85, "az-b" + hostile: 15})
+    raw = json.loads(doc.dumps())
+    raw["leader"], raw["model"] = "ctl" + hostile, "model" + hostile
+    raw["zones"]["az-a"]["reasons"] = ["p95 over the limit" + hostile]
+    put(shared_consul, json.dumps(raw), key="escapes/weights")
+    result = azprobe("weights", "--consul", shared_consul.url, "--prefix", "escapes/")
+    assert result.returncode == 0, result.stderr
+    assert not _raw_controls(result.stdout), repr(result.stdout)
+    assert "p95 over the limit\\x1b[2J\\x07" in result.stdout and "leader ctl\\x1b" in result.stdout
+    explain = azprobe("explain", "--consul", shared_consul.url, "--prefix", "escapes/")
+    assert explain.returncode == 0 and "p95 over the limit\\x1b[2J\\x07" in explain.stdout
+    # an invalid document's error quotes KV too (here an unknown field's name)
+    raw["zones"]["az-a"]["oops" + hostile] = 1
+    put(shared_consul, json.dumps(raw), key="escapes2/weights")
+    invalid = azprobe("weights", "--consul", shared_consul.url, "--prefix", "escapes2/")
+    assert invalid.returncode == 1 and "unknown field" in invalid.stderr
+    assert not _raw_controls(invalid.stderr), repr(invalid.stderr)
+
+
 def test_unreachable_consul_names_the_address_and_the_fix():
     result = azprobe("weights", env={"CONSUL_HTTP_ADDR": "127.0.0.1:1"})
     assert result.returncode == 1
@@ -213,7 +241,8 @@ BAD_ENDPOINTS = [
     ('{"az-a": ["198.18.1.10"]}', "az-a[0]: '198.18.1.10' is not ip:port"),
     ('{"az-a": ["db.internal:5432"]}', "az-a[0]: 'db.internal:5432': 'db.internal' is not an IP address"),
     ('{"az-a": []}', "az-a: expected a non-empty list"),
-    ('{"az-a": ', "is not valid JSON"),
+    ('{"az-a": ', "endpoints.json: not valid JSON"),
+    ("[" * 100_000, "endpoints.json: JSON nested too deeply"),
 ]
 
 

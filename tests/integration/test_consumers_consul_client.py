@@ -3,11 +3,12 @@ loop's Consul rules (index reset, 403 and empty recursive reads are errors)."""
 
 from __future__ import annotations
 
+import http.server
 import threading
 
 import pytest
 
-from azprobe.consul import (ConsulEmptyPrefix, ConsulPermissionDenied, ConsulSettings, ConsulUnreachable,
+from azprobe.consul import (ConsulEmptyPrefix, ConsulError, ConsulPermissionDenied, ConsulSettings, ConsulUnreachable,
                             KeyWatch, TxnConflict, make_client, op_check_session, op_get, op_set,
                             read_key, txn)
 from azprobe.dev.devconsul.testing import DevConsul
@@ -101,3 +102,45 @@ def test_watch_run_delivers_changes_only_and_survives_errors(devconsul):
         stop.set()
         thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+class _HostileConsul:
+    """A "Consul" on 127.0.0.1 answering every request 200 with the given body."""
+
+    def __init__(self, body: bytes) -> None:
+        body_bytes = body
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("X-Consul-Index", "7")
+                self.send_header("Content-Length", str(len(body_bytes)))
+                self.end_headers()
+                self.wfile.write(body_bytes)
+
+            do_GET = do_PUT = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "_HostileConsul":
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_deeply_nested_answer_is_a_consul_error_before_py_consul_parses_it():
+    with _HostileConsul(b"[" * 100_000 + b"]" * 100_000) as hostile:
+        client = make_client(ConsulSettings(address=hostile.url))
+        with pytest.raises(ConsulError, match="Consul's answer: JSON nested too deeply"):
+            read_key(client, "k")
+        with pytest.raises(ConsulError, match="nested too deeply"):
+            txn(client, [op_set("k", b"v")])

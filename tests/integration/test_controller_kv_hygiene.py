@@ -17,8 +17,9 @@ from aiohttp import web
 
 from azprobe.controller.config import parse_config
 from azprobe.controller.main import Controller
-from tests.controller_harness import read_weights
-from tests.fakeagent import FakeAgentServer, zone_agents
+from tests.controller_harness import ControllerProcess, read_weights
+from tests.fakeagent import FakeAgentServer, PathSpec, zone_agents
+from tests.helpers import wait_for
 
 AZS = ["az-a", "az-b", "az-c"]
 
@@ -116,6 +117,24 @@ def test_an_implausible_generation_in_kv_does_not_wedge_the_leader(devconsul, fo
         assert sorted(doc.zones) == AZS
         assert ctl.publisher.counters.invalid_docs == 0 and ctl.publisher.counters.generation_restarts == 1
         ctl.election.release()
+
+
+def test_a_deeply_nested_weights_document_does_not_wedge_the_leader(devconsul, tmp_path):
+    """200 KB of [[[...]]] in the weights key: the daemon refuses it like any invalid
+    document, starts its term, and publishes a real outage (az-b drained)."""
+    client = consul.Consul(host=devconsul.host, port=devconsul.port)
+    client.kv.put("azprobe/v1/weights", b"[" * 100_000 + b"]" * 100_000)
+    down = {"az-b": PathSpec(dst="az-b", conn_attempts=50, failures=50, rtt_ms=2000.0)}
+    with FakeAgentServer(interval_s=0.2) as server:
+        for key, agent in zone_agents(AZS, 2, sick=down).items():
+            server.add(key, agent)
+        with ControllerProcess.make(tmp_path, "ctl-1", devconsul.url, [server.url(k) for k in server.agents]) as ctl:
+            doc = wait_for(lambda: (d := read_weights(client)) and d.zones["az-b"].share <= 2 and d,
+                           timeout=30, message="az-b drained in KV")
+            assert doc.leader == "ctl-1" and doc.zones["az-b"].state != "ok"
+            assert sum(z.share for z in doc.zones.values()) == 100
+            assert "the weights document in KV is invalid" in ctl.log() and "nested too deeply" in ctl.log()
+            assert "RecursionError" not in ctl.log() and ctl.running
 
 
 def test_consul_failing_the_txn_backs_off_and_keeps_the_lock(devconsul, caplog):

@@ -9,8 +9,10 @@ import gc
 import tracemalloc
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
+from azprobe.contracts.windowcodec import COMPACT_TYPE, JSON_TYPE
 from azprobe.controller.collect import AgentTarget, Collector
 from azprobe.controller.config import parse_config
 from azprobe.errors import ConfigError
@@ -131,3 +133,42 @@ def test_an_agent_url_with_port_0_is_a_config_error(url):
     with pytest.raises(ConfigError, match="^agents.static: .*port 0"):
         parse_config({"controller": {"name": "c", "listen": "127.0.0.1:9741"},
                       "consul": {"address": "http://127.0.0.1:8500"}, "agents": {"static": [url]}})
+
+
+def _nested_msgpack_page(depth: int) -> bytes:
+    """[node, az, boot_id, [[[...]]]]: a 4-array header, the names, then `depth` arrays of one."""
+    names = b"".join(msgspec.msgpack.encode(s) for s in ("n-x", "az-a", "boot"))
+    return b"\x94" + names + b"\x91" * depth + b"\x90"
+
+
+@pytest.mark.parametrize("body, media", [
+    (b'{"node": "n-x", "az": "az-a", "boot_id": "b", "windows": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+     JSON_TYPE),
+    (_nested_msgpack_page(200_000), COMPACT_TYPE),
+], ids=["json", "msgpack"])
+def test_a_deeply_nested_page_is_one_failed_pull_and_the_others_are_pulled(body, media):
+    """200 KB of [[[...]]] as the answer: a failed pull of that agent, counted and named,
+    while the one worker goes on to pull the agents after it, this cycle and the next."""
+    hostile = FakeAgent("n-x", "az-a", [PathSpec(dst="az-b")])
+    hostile.raw_answer = (body, media)
+    honest = [FakeAgent(f"n{i}", "az-a", [PathSpec(dst="az-b", conn_attempts=10)]) for i in range(2)]
+    with FakeAgentServer() as server:
+        urls = [server.add("x", hostile)] + [server.add(f"h{i}", a) for i, a in enumerate(honest)]
+        collector = Collector(evaluation_window_s=30.0, pull_timeout_s=10.0, stale_after_s=5.0, concurrency=1)
+        collector.set_targets(AgentTarget(u) for u in urls)
+
+        async def scenario() -> None:
+            try:
+                for cycle in range(2):
+                    for agent in honest:
+                        agent.emit()
+                    result = await collector.pull_all()
+                    assert (result.ingested, result.failed) == (2, 1)
+                    assert collector.counters.pull_errors == cycle + 1
+            finally:
+                await collector.close()
+
+        asyncio.run(scenario())
+    error = collector.cursors[urls[0]].last_error
+    assert "nested" in error and "\n" not in error, error
+    assert all(collector.cursors[u].failures == 0 for u in urls[1:])

@@ -134,3 +134,13 @@ def test_agent_self_has_what_clients_read(devconsul):
     assert consul_stats["leader"] == "true" and consul_stats["leader_addr"].endswith(":8300")
     assert {"agent", "build", "raft", "runtime", "serf_lan"} <= set(doc["Stats"])
     assert consul.Consul(host=devconsul.host, port=devconsul.port).agent.self()["Stats"]["consul"]["leader_addr"]
+
+
+@pytest.mark.parametrize("path", ["/v1/txn", "/v1/session/create"])
+def test_a_deeply_nested_body_is_400_and_the_server_keeps_serving(devconsul, path):
+    """200 KB of [[[...]]]: refused like any body that is not the JSON asked for, not a
+    500 from a RecursionError."""
+    r = devconsul.request("PUT", path, b"[" * 100_000 + b"]" * 100_000)
+    assert r.status == 400, r.body
+    assert b"nested too deeply" in r.body and b"Traceback" not in r.body and len(r.body) < 300
+    assert devconsul.request("PUT", "/v1/kv/after-the-nested-body", "v").status == 200

@@ -1,11 +1,13 @@
 """The Prometheus source against a hostile query API over real HTTP: an answer over
-max_response_bytes (announced or not), a slow answer, not JSON, an HTTP error. Each is
-one failed cycle with every node failing, never an exception, a hang or a window."""
+max_response_bytes (announced or not), a slow answer, not JSON, JSON nested thousands
+deep, an HTTP error. Each is one failed cycle with every node failing, never an
+exception, a hang or a window; the error's text reaches the log escaped."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 from aiohttp import web
@@ -49,8 +51,20 @@ async def _bad_query(_: web.Request) -> web.Response:
     return web.json_response({"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400)
 
 
+async def _nested(_: web.Request) -> web.Response:
+    depth = len(GOOD_BODY) // 2  # thousands of levels, within max_response_bytes
+    return web.Response(body=b"[" * depth + b"]" * depth, content_type="application/json")
+
+
+ESCAPES = "\x1b[2J\x07\x1b]0;owned\x07"
+
+
+async def _escapes(_: web.Request) -> web.Response:
+    return web.Response(text=f"upstream down{ESCAPES}", status=503)
+
+
 HANDLERS = {"good": _good, "big": _big_announced, "stream": _big_streamed, "slow": _slow, "html": _not_json,
-            "400": _bad_query}
+            "400": _bad_query, "nested": _nested, "escapes": _escapes}
 
 
 def _collector(port: int, name: str) -> PrometheusCollector:
@@ -61,8 +75,32 @@ def _collector(port: int, name: str) -> PrometheusCollector:
 
 
 @pytest.mark.parametrize("name,why", [("big", "max_response_bytes"), ("stream", "max_response_bytes"),
-                                      ("slow", "timeout"), ("html", "Expecting value"), ("400", "parse error")])
+                                      ("slow", "timeout"), ("html", "Expecting value"), ("400", "parse error"),
+                                      ("nested", "nested too deeply"), ("escapes", "HTTP 503: upstream down")])
 def test_a_hostile_answer_is_one_failed_cycle(name, why):
+    first, result, bad = _one_bad_cycle(name)
+    assert first.ingested == 3 and first.failed == 0
+    assert result.ingested == 0 and result.failed == 1
+    assert bad.counters.pull_errors + bad.counters.pull_timeouts == 1
+    assert bad.agent_states()[AgentState.FAILING] == 1
+    assert bad.take_new() == []
+    (cursor,) = bad.cursors.values()
+    assert why in cursor.last_error, cursor.last_error
+    # Too large or too slow for a first query: the next one reads half the lookback.
+    assert bad.range_s() == (15.0 if name in ("big", "stream", "slow") else 30.0)
+
+
+def test_prometheus_error_text_reaches_the_log_escaped(caplog):
+    """An error body is Prometheus's (or a proxy's) words: logged without a control character."""
+    caplog.set_level(logging.INFO, logger="azprobe.controller.prom_source")
+    _one_bad_cycle("escapes")
+    (line,) = [r.getMessage() for r in caplog.records if "prometheus query failing" in r.getMessage()]
+    assert "upstream down\\x1b[2J\\x07" in line, line
+    assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in line), repr(line)
+
+
+def _one_bad_cycle(name: str) -> tuple:
+    """One cycle against the sound answer, then one against handler `name` (same nodes)."""
     async def run() -> tuple:
         app = web.Application()
         for key, handler in HANDLERS.items():
@@ -84,13 +122,4 @@ def test_a_hostile_answer_is_one_failed_cycle(name, why):
             await bad.close()
             await runner.cleanup()
 
-    first, result, bad = asyncio.run(run())
-    assert first.ingested == 3 and first.failed == 0
-    assert result.ingested == 0 and result.failed == 1
-    assert bad.counters.pull_errors + bad.counters.pull_timeouts == 1
-    assert bad.agent_states()[AgentState.FAILING] == 1
-    assert bad.take_new() == []
-    (cursor,) = bad.cursors.values()
-    assert why in cursor.last_error, cursor.last_error
-    # Too large or too slow for a first query: the next one reads half the lookback.
-    assert bad.range_s() == (15.0 if name in ("big", "stream", "slow") else 30.0)
+    return asyncio.run(run())

@@ -321,7 +321,7 @@ def test_a_window_with_an_absurd_end_does_not_silence_its_agent(bad_end):
     # JSON has no infinity: +inf reaches the controller in the compact form only
     raw = [msgspec.msgpack.encode([w["schema"], w["node"], w["az"], w["boot_id"], w["seq"], w["start"], w["end"],
                                    0.5, 0.5, 0, []]) for w in doc["windows"]]
-    page = decode_page(encode_compact_page("n1", "az-a", doc["boot_id"], raw), COMPACT_TYPE)
+    page = decode_page(encode_compact_page("n1", "az-a", doc["boot_id"], raw), COMPACT_TYPE, max_bytes=1 << 20)
     assert collector.ingest(cursor, page if math.isinf(bad_end) else doc, clock()) == 2
     assert collector.counters.windows_garbage == 1 and cursor.newest_end == 102.0
     agent.emit(end=103.0)

@@ -34,3 +34,14 @@ def test_control_key_names_are_printable_in_problems():
     parsed = parse_controls({PREFIX + "typo\x1b[2J": b"1", **_shift("az\x07b", NOW + 600)}, PREFIX, NOW,
                             azs=("az-a",))
     assert parsed.problems and all(p.isprintable() and "\x1b" not in p for p in parsed.problems)
+
+
+def test_a_deeply_nested_switch_value_is_an_ordinary_bad_value():
+    """200 KB of [[[...]]]: a shift without an until (ignored, reported) and a freeze
+    that holds, as any value that is not a JSON switch."""
+    nested = b"[" * 100_000 + b"]" * 100_000
+    parsed = parse_controls({PREFIX + "shift/az-b": nested, **_shift("az-c", NOW + 600)}, PREFIX, NOW)
+    assert dict(parsed.controls.shifts) == {"az-c": NOW + 600}
+    assert len(parsed.problems) == 1 and "needs {\"until\"" in parsed.problems[0]
+    frozen = parse_controls({PREFIX + "freeze": nested}, PREFIX, NOW)
+    assert frozen.controls.freeze and len(frozen.freeze_reason) <= 200

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from azprobe.agenthttp import MAX_BODY_BYTES
 from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
 from azprobe.contracts.windowcodec import (
@@ -20,6 +21,7 @@ from azprobe.contracts.windowcodec import (
     encode_compact_page,
     encode_compact_window,
     encode_page,
+    msgpack_depth_exceeds,
     negotiate,
 )
 from azprobe.controller.collect import AgentTarget, Collector
@@ -40,7 +42,7 @@ def _window(seq: int = 1, rtt: list[int] = (900, 1000, 150_000), **kw) -> Window
 
 
 def _decoded(body: bytes, media: str) -> list[dict]:
-    return [w.to_json() for w in decode_page(body, media).parse_all()]
+    return [w.to_json() for w in decode_page(body, media, max_bytes=MAX_BODY_BYTES).parse_all()]
 
 
 def test_both_encodings_give_the_same_windows():
@@ -51,7 +53,7 @@ def test_both_encodings_give_the_same_windows():
     assert _decoded(compact, COMPACT_TYPE) == expected
     assert _decoded(json_body, "application/json; charset=utf-8") == expected
     assert len(compact) < len(json_body) / 2
-    page = decode_page(compact, COMPACT_TYPE)
+    page = decode_page(compact, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES)
     assert (page.node, page.az, page.boot_id) == ("n1", "az-a", "boot")
     assert [(p.seq, p.end) for p in page.windows] == [(1, 102.0), (2, 103.0), (3, 104.0)]
 
@@ -99,7 +101,7 @@ def test_a_bad_compact_window_names_its_field(change, field):
     else:
         bad[10][0][change[2]] = values[change]
     page = encode_compact_page("n", "az-a", "boot", [_raw(GOOD), _raw(bad)])
-    decoded = decode_page(page, COMPACT_TYPE)
+    decoded = decode_page(page, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES)
     assert decoded.windows[0].parse().seq == 7
     with pytest.raises(WindowError, match="^" + re.escape(field) + ":"):
         decoded.windows[1].parse()
@@ -117,7 +119,8 @@ def test_the_compact_form_keeps_the_window_contract(paths, field):
     bad = list(GOOD)
     bad[10] = paths
     with pytest.raises(WindowError, match="^" + re.escape(field)):
-        decode_page(encode_compact_page("n", "az-a", "boot", [_raw(bad)]), COMPACT_TYPE).windows[0].parse()
+        page = encode_compact_page("n", "az-a", "boot", [_raw(bad)])
+        decode_page(page, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES).windows[0].parse()
 
 
 def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
@@ -129,7 +132,7 @@ def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
     good9 = list(GOOD)
     good9[4], good9[5], good9[6] = 9, 2.0, 3.0
     body = encode_compact_page("n", "az-a", "boot", [_raw(GOOD), _raw(bad), _raw(good9)])
-    assert collector.ingest(cursor, decode_page(body, COMPACT_TYPE), 1000.0) == 2
+    assert collector.ingest(cursor, decode_page(body, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES), 1000.0) == 2
     assert collector.counters.windows_garbage == 1
     assert cursor.last_seq == 9  # stepped past the garbage window, not re-read
 
@@ -149,7 +152,7 @@ def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
 ])
 def test_an_unreadable_page_is_one_clear_error(body, media):
     with pytest.raises(WindowError, match="^response: "):
-        decode_page(body, media)
+        decode_page(body, media, max_bytes=MAX_BODY_BYTES)
 
 
 def test_compact_window_encoding_is_stable_for_caching():
@@ -168,7 +171,7 @@ def test_only_loglin16_bucket_bounds_are_accepted_in_both_encodings(bad):
     assert bad not in BOUNDS
     window = _window(1)
     window.paths[1].connect_us = Histogram({**window.paths[1].connect_us.counts, bad: 1})
-    compact = decode_page(encode_page("n1", "az-a", "boot", [window], COMPACT_TYPE), COMPACT_TYPE)
+    compact = decode_page(encode_page("n1", "az-a", "boot", [window], COMPACT_TYPE), COMPACT_TYPE, max_bytes=MAX_BODY_BYTES)
     with pytest.raises(WindowError, match=re.escape(f"paths[1].connect_us.counts: {bad} is not a loglin-16 bucket")):
         compact.windows[0].parse()
     with pytest.raises(WindowError, match=re.escape(f"paths[1].connect_us.counts: {bad} is not a loglin-16 bucket")):
@@ -183,3 +186,60 @@ def test_every_loglin16_bucket_bound_is_accepted_in_both_encodings():
     window.paths[0].rtt_us = Histogram({lower: 1 for lower in BOUNDS})
     for media in (COMPACT_TYPE, JSON_TYPE):
         assert _decoded(encode_page("n1", "az-a", "boot", [window], media), media) == [window.to_json()]
+def _depth(value: object) -> int:
+    if isinstance(value, (list, tuple)):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((max(_depth(k), _depth(v)) for k, v in value.items()), default=0)
+    return 0
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
+            | st.text(max_size=40) | st.text(min_size=256, max_size=300) | st.binary(max_size=300)
+            | st.builds(msgspec.msgpack.Ext, st.integers(0, 127), st.binary(max_size=20)))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=20)
+                       | st.dictionaries(st.integers(-2**63, 2**64 - 1) | st.text(max_size=5), inner, max_size=18),
+                       max_leaves=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_VALUES, bound=st.integers(0, 6))
+def test_msgpack_depth_scan_is_the_values_depth(value, bound):
+    """Every msgpack type and width (fix, 8/16/32 lengths, ext): the scan's verdict is
+    the structure's depth against the bound."""
+    assert msgpack_depth_exceeds(msgspec.msgpack.encode(value), bound) == (_depth(value) > bound)
+
+
+@pytest.mark.parametrize("wide, depth", [
+    (b"\xdd\x00\x00\x00\x01" * 3 + b"\x90", 4),  # array32 of one, three deep, around []
+    (b"\xdf\x00\x00\x00\x01\x01" * 3 + b"\x01", 3),  # map32 of one pair, three deep
+    (b"\x92\xdb\x00\x00\x00\x02\x91\x91\xc6\x00\x00\x00\x01\x91", 1),  # array headers as str32, bin32 data
+    (b"\x91\xc9\x00\x00\x00\x02\x05\x91\x91", 1),  # ext32: length, type, then data
+])
+def test_msgpack_depth_scan_reads_the_32_bit_forms(wide, depth):
+    assert not msgpack_depth_exceeds(wide, depth) and msgpack_depth_exceeds(wide, depth - 1)
+
+
+_HEADER = b"\x94" + b"".join(msgspec.msgpack.encode(s) for s in ("n", "az-a", "boot"))
+
+
+@pytest.mark.parametrize("body", [
+    _HEADER + b"\x91" * 200_000 + b"\x90",  # the windows list nests
+    _HEADER + b"\x92" + _raw(GOOD) + b"\xdc\x00\x01" * 100_000 + b"\x90",  # a second window nests
+    _HEADER + b"\x91" + _raw(GOOD)[:-1] + b"\x81\x01" * 100_000 + b"\x01",  # maps inside a window's last field
+])
+def test_a_deeply_nested_compact_page_is_refused_whole(body):
+    with pytest.raises(WindowError, match=r"^response: msgpack nested more than \d+ levels deep"):
+        decode_page(body, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES)
+
+
+def test_a_deeply_nested_json_page_is_refused_whole():
+    body = b'{"boot_id": "b", "windows": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}"
+    with pytest.raises(WindowError, match=r"^response: JSON nested too deeply"):
+        decode_page(body, JSON_TYPE, max_bytes=MAX_BODY_BYTES)
+
+
+def test_a_page_over_the_size_bound_is_refused():
+    body = encode_page("n1", "az-a", "boot", [_window(1)], COMPACT_TYPE)
+    with pytest.raises(WindowError, match=f"^response: {len(body)} bytes exceed the limit of {len(body) - 1}"):
+        decode_page(body, COMPACT_TYPE, max_bytes=len(body) - 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -10,7 +9,7 @@ from typing import Self
 
 from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
 from azprobe.dev.demo.metrics import KvSample
-from azprobe.contracts import kv
+from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 
 log = logging.getLogger(__name__)
@@ -123,7 +122,7 @@ def holder_of(entry: dict | None) -> str | None:
     if not entry or not entry.get("Session"):
         return None
     try:
-        value = json.loads(entry.get("Value") or b"{}")
-    except ValueError:
+        value = bounded_json.loads(entry.get("Value") or b"{}", max_bytes=kv.MAX_VALUE_BYTES, what="leader key")
+    except bounded_json.JsonRefused:
         return "?"
     return str(value.get("name", "?")) if isinstance(value, dict) else "?"

@@ -18,6 +18,8 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from azprobe.contracts import bounded_json
+from azprobe.contracts.kv import MAX_VALUE_BYTES
 from azprobe.dev.devconsul.acl import AclNotFound, Identity, permission_denied
 from azprobe.dev.devconsul.blocking import query_timeout
 from azprobe.dev.devconsul.durations import parse_go_duration_ns
@@ -25,7 +27,9 @@ from azprobe.dev.devconsul.server import VERSION, DevConsulServer
 from azprobe.dev.devconsul.store import (DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_NS, SESSION_TTL_MIN_NS,
                                      StoreError)
 
-KV_MAX_VALUE_SIZE = 512 * 1024  # Consul's kv_max_value_size default (raft's suggested max)
+KV_MAX_VALUE_SIZE = MAX_VALUE_BYTES  # Consul's kv_max_value_size default (raft's suggested max)
+# room above the value limit, so an oversized value gets Consul's own 413 text
+MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024
 MAX_TXN_OPS = 128
 LOCK_DELAY_MIN_THRESHOLD_NS = 1000  # Consul: lock delays below this are seconds, not ns
 MAX_LOCK_DELAY_NS = 60 * 1_000_000_000  # Consul's structs.MaxLockDelay: longer ones are clamped to it
@@ -115,8 +119,8 @@ async def _json_body(request: web.Request, prefix: str = "Request decode failed"
     if not raw.strip():
         return None
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        return bounded_json.loads(raw, max_bytes=MAX_REQUEST_BODY_BYTES, what="request body")
+    except bounded_json.JsonRefused as exc:
         raise HTTPError(400, f"{prefix}: {exc}") from None
 
 
@@ -796,8 +800,7 @@ ROUTES: list[tuple[str, Handler]] = [
 
 
 def build_app(server: DevConsulServer, max_conns_per_client: int = DEFAULT_MAX_CONNS_PER_CLIENT) -> web.Application:
-    # room above the 512 KB value limit, so an oversized value gets Consul's own 413 text
-    app = web.Application(middlewares=[_errors], client_max_size=4 * 1024 * 1024)
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_REQUEST_BODY_BYTES)
     app[SERVER_KEY] = server
     app[_IN_FLIGHT] = {}
     app[_MAX_PER_CLIENT] = max_conns_per_client
