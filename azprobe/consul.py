@@ -148,7 +148,7 @@ class ConsulSettings:
 
 
 def normalize_address(address: str) -> str:
-    """"127.0.0.1:8500" -> "http://127.0.0.1:8500"; validates scheme and port."""
+    """"127.0.0.1:8500" -> "http://127.0.0.1:8500"; validates scheme, host and port (not 0)."""
     text = address.strip()
     if "://" not in text:
         text = "http://" + text
@@ -161,6 +161,8 @@ def normalize_address(address: str) -> str:
         raise ConfigError("consul address", f"{address!r}: bad port", "for example http://127.0.0.1:8500") from None
     if not url.hostname:
         raise ConfigError("consul address", f"{address!r}: no host", "for example http://127.0.0.1:8500")
+    if port == 0:  # urlsplit gives 0 for ":0", which "or default" would turn into 8500
+        raise ConfigError("consul address", f"{address!r}: port 0", "give Consul's real port, e.g. :8500")
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
     return f"{url.scheme}://{host}:{port or (443 if url.scheme == 'https' else 8500)}"
 

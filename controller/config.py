@@ -208,6 +208,10 @@ def parse_prometheus(section: Section) -> PrometheusSettings:
     if not url.startswith(("http://", "https://")) or len(url) < 10 or len(url) > 2000:
         raise ConfigError(section.field("url"), f"{url!r:.80} is not an http(s) URL",
                           "for example \"http://127.0.0.1:9090\"")
+    try:
+        Endpoint.parse(url)  # a host and a port, not 0
+    except HttpError as exc:
+        raise ConfigError(section.field("url"), str(exc), "for example \"http://127.0.0.1:9090\"") from None
     selector = section.string("selector", "")
     if len(selector) > 500 or _SELECTOR_FORBIDDEN & set(selector):
         raise ConfigError(section.field("selector"), f"{selector!r:.80} is not a list of label matchers",

@@ -44,6 +44,10 @@ def test_defaults_follow_the_contract(monkeypatch):
     ({**MINIMAL, "model": {"temperature": 1}}, "model.temperature"),
     ({**MINIMAL, "consul": {"adress": "x"}}, "consul.adress"),
     ({**MINIMAL, "extra": {}}, "extra"),
+    ({**MINIMAL, "consul": {"address": "http://127.0.0.1:0"}}, "consul.address"),
+    ({**MINIMAL, "consul": {"address": "127.0.0.1:0"}}, "consul.address"),
+    ({"agents": {"source": "prometheus"}, "prometheus": {"url": "http://127.0.0.1:0"}}, "prometheus.url"),
+    ({"agents": {"source": "prometheus"}, "prometheus": {"url": "https://prom.example:0/x"}}, "prometheus.url"),
 ])
 def test_bad_fields_are_named(data, field):
     with pytest.raises(ConfigError) as exc:

@@ -1,11 +1,14 @@
-"""Operator shifts are bounded: at most 3 days ahead, only AZs of the topology, and
-names from KV never reach a log line with control characters."""
+"""Operator switches are bounded: a freeze's or a shift's `until` at most 3 days ahead,
+shifts only of AZs of the topology, and names from KV never reach a log line with
+control characters."""
 
 from __future__ import annotations
 
 import json
 
-from azprobe.controller.controls import MAX_SHIFT_S, parse_controls
+import pytest
+
+from azprobe.controller.controls import MAX_UNTIL_S, parse_controls
 
 PREFIX = "azprobe/v1/control/"
 NOW = 1_000_000.0
@@ -16,11 +19,27 @@ def _shift(az: str, until: float) -> dict[str, bytes]:
 
 
 def test_a_shift_beyond_three_days_is_ignored_and_reported():
-    parsed = parse_controls(_shift("az-b", NOW + MAX_SHIFT_S + 3600), PREFIX, NOW)
+    parsed = parse_controls(_shift("az-b", NOW + MAX_UNTIL_S + 3600), PREFIX, NOW)
     assert dict(parsed.controls.shifts) == {}
     assert "at most 72 h" in parsed.problems[0]
-    ok = parse_controls(_shift("az-b", NOW + MAX_SHIFT_S - 60), PREFIX, NOW)
-    assert dict(ok.controls.shifts) == {"az-b": NOW + MAX_SHIFT_S - 60}
+    ok = parse_controls(_shift("az-b", NOW + MAX_UNTIL_S - 60), PREFIX, NOW)
+    assert dict(ok.controls.shifts) == {"az-b": NOW + MAX_UNTIL_S - 60}
+
+
+@pytest.mark.parametrize("until", [NOW + MAX_UNTIL_S + 3600, 1e300, "tomorrow", None])
+def test_a_freeze_until_beyond_three_days_or_not_a_number_is_ignored_and_reported(until):
+    parsed = parse_controls({PREFIX + "freeze": json.dumps({"until": until, "reason": "x"}).encode()}, PREFIX, NOW)
+    assert parsed.controls.freeze is False
+    assert len(parsed.problems) == 1 and parsed.problems[0].startswith(PREFIX + "freeze: ignored, ")
+    assert ("at most 72 h" if isinstance(until, float) else "needs {\"until\"") in parsed.problems[0]
+
+
+def test_a_freeze_within_three_days_or_without_until_holds():
+    ok = parse_controls({PREFIX + "freeze": json.dumps({"until": NOW + MAX_UNTIL_S - 60}).encode()}, PREFIX, NOW)
+    assert ok.controls.freeze is True and ok.problems == ()
+    for value in (b"", b"change freeze", b'{"reason": "until deleted"}'):
+        held = parse_controls({PREFIX + "freeze": value}, PREFIX, NOW)
+        assert held.controls.freeze is True and held.problems == ()
 
 
 def test_a_shift_of_an_unknown_az_is_ignored_and_reported():
