@@ -85,9 +85,9 @@ class ControllerConfig:
     agents: AgentsSettings
     model: ModelSettings
     safety: SafetyConfig
+    topology: TopologySettings  # [topology]: the AZ set (controller/topology.py)
     heartbeat_s: float = 30.0  # [safety].heartbeat_s: write at least this often
     path: str = ""
-    topology: TopologySettings = TopologySettings()  # [topology]: the AZ set (controller/topology.py)
     quorum: QuorumConfig = QuorumConfig()  # [quorum]: how nodes' verdicts combine (controller/quorum.py)
     prometheus: PrometheusSettings | None = None  # set when agents.source = "prometheus"
 

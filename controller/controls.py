@@ -12,8 +12,9 @@ Expired switches are ignored (they may linger in KV; the controller does not del
 operator keys). An `until`, of a freeze or a shift, may lie at most MAX_UNTIL_S (3 days,
 as AWS zonal shifts) ahead: a switch further out, or whose `until` is not a number, is
 ignored and reported, not clipped (a clip relative to `now` would never expire; an
-`until` of 1e300 or in milliseconds is a mistake, not a plan). A shift of an AZ outside the controller's topology is ignored
-and reported. Key names and values come from KV: reported through `printable`.
+`until` of 1e300 or in milliseconds is a mistake, not a plan). A shift of an AZ outside
+the controller's topology is ignored and reported. Key names and values come from KV:
+reported through `printable`.
 """
 
 from __future__ import annotations
@@ -61,15 +62,15 @@ def _until_or_problem(value: object, now: float, what: str, otherwise: str) -> f
     if until is None:
         return f'needs {{"until": <unix seconds>}} ({otherwise})'
     if until > now + MAX_UNTIL_S:
-        return (f"until is {(until - now) / 3600:.0f} h ahead; {what} lasts at most {MAX_UNTIL_S / 3600:.0f} h "
+        return (f"until is {(until - now) / 3600:.3g} h ahead; {what} lasts at most {MAX_UNTIL_S / 3600:.0f} h "
                 f"(3 days): set an earlier until ({otherwise})")
     return until
 
 
 def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now: float,
-                   azs: Collection[str] | None = None) -> OperatorControls:
+                   azs: Collection[str]) -> OperatorControls:
     """entries: full KV key -> value under `<prefix>control/` (a recursive read); `now`
-    is unix time (expiries are unix seconds); `azs`: the topology's AZs (None: any)."""
+    is unix time (expiries are unix seconds); `azs`: the topology's AZs."""
     frozen, freeze_reason = False, ""
     shifts: dict[str, float] = {}
     problems: list[str] = []
@@ -98,9 +99,9 @@ def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now
                 continue
             if until <= now:
                 continue
-            if azs is not None and az not in azs:
+            if az not in azs:
                 problems.append(f"{shown}: ignored, {printable(az, 64)!r} is not an AZ of the topology "
-                                f"({', '.join(sorted(azs)) or 'none yet'})")
+                                f"({', '.join(sorted(azs))})")
                 continue
             shifts[az] = until
         elif name:

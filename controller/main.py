@@ -88,9 +88,6 @@ class Controller:
                                        slot_s=min(c.interval_s, c.evaluation_window_s / 5),
                                        token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
                                        concurrency=config.agents.concurrency, topology=topology)
-        if not config.topology.azs:
-            log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
-                        "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.policy = Policy(load_model_from(config.model), config.safety)
         self.safety_states: dict[str, SafetyState] = {}
@@ -304,9 +301,7 @@ class Controller:
     def _read_controls(self) -> None:
         prefix = self.consul_settings.key(kv.CONTROL)
         state = read_key(self.client, prefix, recurse=True)
-        topology = self.collector.topology
-        self.operator = parse_controls(state.entries or {}, prefix, self.wall(),
-                                       topology.azs if topology.configured else None)
+        self.operator = parse_controls(state.entries or {}, prefix, self.wall(), self.collector.topology.azs)
         if self.operator.problems != self._logged_problems:
             for problem in self.operator.problems:
                 log.info("operator control %s", problem)

@@ -58,7 +58,7 @@ def controller_config(tmp_path: Path, address: str, agents: list[str], token_fil
     quoted = ", ".join(f'"{a}"' for a in agents)
     path.write_text(f'[controller]\nname = "doctor-test"\n'
                     f'[consul]\naddress = "{address}"\ntoken_file = "{token_file}"\nprefix = "azprobe/test/"\n'
-                    f'[agents]\nstatic = [{quoted}]\n')
+                    f'[agents]\nstatic = [{quoted}]\n[topology]\nazs = ["az-a"]\n')
     return str(path)
 
 

@@ -12,7 +12,7 @@ from azprobe.errors import ConfigError
 from azprobe.controller.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
-MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}}
+MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}, "topology": {"azs": ["az-a", "az-b", "az-c"]}}
 
 
 def test_defaults_follow_the_contract(monkeypatch):
@@ -46,8 +46,12 @@ def test_defaults_follow_the_contract(monkeypatch):
     ({**MINIMAL, "extra": {}}, "extra"),
     ({**MINIMAL, "consul": {"address": "http://127.0.0.1:0"}}, "consul.address"),
     ({**MINIMAL, "consul": {"address": "127.0.0.1:0"}}, "consul.address"),
-    ({"agents": {"source": "prometheus"}, "prometheus": {"url": "http://127.0.0.1:0"}}, "prometheus.url"),
-    ({"agents": {"source": "prometheus"}, "prometheus": {"url": "https://prom.example:0/x"}}, "prometheus.url"),
+    ({**MINIMAL, "agents": {"source": "prometheus"}, "prometheus": {"url": "http://127.0.0.1:0"}}, "prometheus.url"),
+    ({**MINIMAL, "agents": {"source": "prometheus"}, "prometheus": {"url": "https://prom.example:0/x"}},
+     "prometheus.url"),
+    ({**MINIMAL, "topology": {}}, "topology.azs"),
+    ({**MINIMAL, "topology": {"azs": []}}, "topology.azs"),
+    ({**MINIMAL, "topology": {"azs": ["az-a"], "max_azs": 8}}, "topology.max_azs"),
 ])
 def test_bad_fields_are_named(data, field):
     with pytest.raises(ConfigError) as exc:
@@ -63,6 +67,16 @@ def test_cli_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [out.stderr.strip()]
     assert out.stderr.startswith("azprobe: safety.stale_after_s:")
+
+
+def test_topology_azs_is_required_exit_2_naming_the_fix(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[agents]\nstatic = ["http://198.18.1.2:9740"]\n')
+    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ('azprobe: topology.azs: is required (list your AZs, e.g. '
+                                  'azs = ["az-a", "az-b", "az-c"] (docs/quorum.md))')
 
 
 @pytest.mark.parametrize("controller, advertise", [
