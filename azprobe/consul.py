@@ -37,7 +37,7 @@ import consul
 import consul.base
 import requests
 
-from azprobe.config import Section
+from azprobe.config import Section, read_token_file
 from azprobe.contracts import kv
 from azprobe.errors import AzprobeError, ConfigError
 
@@ -171,15 +171,7 @@ def resolve_token(token_file: str | None, field_name: str) -> str | None:
     """Consul's precedence: a token file beats a token; an explicit file beats the env."""
     path = token_file or os.environ.get("CONSUL_HTTP_TOKEN_FILE") or None
     if path:
-        source = field_name if token_file else "CONSUL_HTTP_TOKEN_FILE"
-        try:
-            token = open(path, encoding="utf-8").read().strip()
-        except OSError as exc:
-            raise ConfigError(source, f"cannot read token file {path}: {exc.strerror}",
-                              "point it at a readable file holding the ACL token") from None
-        if not token:
-            raise ConfigError(source, f"token file {path} is empty", "write the ACL token into it")
-        return token
+        return read_token_file(path, field_name if token_file else "CONSUL_HTTP_TOKEN_FILE")
     return os.environ.get("CONSUL_HTTP_TOKEN") or None
 
 

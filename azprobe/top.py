@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from azprobe.agentclient import WindowReader, read_token_file, request_headers
+from azprobe.agentclient import WindowReader, request_headers
 from azprobe.agenthttp import HttpError
+from azprobe.config import read_token_file
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.window import PathStats, Window, WindowError
 
@@ -50,10 +51,7 @@ def _unreachable(url: str, exc: BaseException) -> PrerequisiteError:
 def token_from_option(path: str | None) -> str:
     if not path:
         return ""
-    try:
-        return read_token_file(path)
-    except ValueError as exc:
-        raise ConfigError("--token-file", str(exc), "pass the file the agent reads as agent.token_file") from None
+    return read_token_file(path, "--token-file")
 
 
 @dataclass

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from azprobe.address_file import format_host_port
-from azprobe.agentclient import read_token_file
 from azprobe.agenthttp import MAX_BODY_BYTES, Endpoint, HttpError
-from azprobe.config import Section, load_toml, parse_host_port
+from azprobe.config import Section, load_toml, parse_host_port, read_token_file
 from azprobe.errors import ConfigError
 from azprobe.controller.models import Model, load_model
 from azprobe.controller.quorum import QuorumConfig
@@ -183,11 +182,7 @@ def parse_agents(section: Section) -> AgentsSettings:
         source=source,
     )
     if settings.token_file:
-        try:
-            settings = replace(settings, token=read_token_file(settings.token_file))
-        except ValueError as exc:
-            raise ConfigError(section.field("token_file"), str(exc),
-                              "point it at the file the agents read as agent.token_file") from None
+        settings = replace(settings, token=read_token_file(settings.token_file, section.field("token_file")))
     section.reject_unknown()
     if source == "prometheus":
         if static or discover:
@@ -198,6 +193,17 @@ def parse_agents(section: Section) -> AgentsSettings:
         raise ConfigError(section.field("static"), "no agents configured",
                           "list agent URLs in agents.static or set agents.discover = \"consul\"")
     return settings
+
+
+def catalog_token_warning(agents: AgentsSettings) -> str:
+    """The risk of catalog discovery with a bearer token ("" when there is none): the
+    collector sends the token, over plain HTTP, to every address the catalog lists for
+    the service, so whoever may register that service in Consul receives it."""
+    if agents.discover != "consul" or not agents.token or agents.source != "direct":
+        return ""
+    return (f"agents.discover = \"consul\" with agents.token_file: the agents' token goes over plain HTTP to every "
+            f"catalog registration of service {agents.service!r}, so whoever may register it receives the token; "
+            f"allow service:write on {agents.service!r} to the agents' tokens only (docs/operations.md)")
 
 
 _SELECTOR_FORBIDDEN = set('{}[]\n\r')

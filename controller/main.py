@@ -37,7 +37,8 @@ from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsError
 from azprobe.contracts.window import printable
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
-from azprobe.controller.config import ControllerConfig, bound_advertise, load_config, load_model_from
+from azprobe.controller.config import (ControllerConfig, bound_advertise, catalog_token_warning, load_config,
+                                       load_model_from)
 from azprobe.controller.controls import OperatorControls, parse_controls
 from azprobe.controller.detector import DetectorResult, ZoneSpikeDetectors
 from azprobe.controller.leader import LeaderElection, LeaderProbe
@@ -88,6 +89,8 @@ class Controller:
                                        slot_s=min(c.interval_s, c.evaluation_window_s / 5),
                                        token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
                                        concurrency=config.agents.concurrency, topology=topology)
+        if catalog_token_warning(config.agents):
+            log.warning("%s", catalog_token_warning(config.agents))
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.policy = Policy(load_model_from(config.model), config.safety)
         self.safety_states: dict[str, SafetyState] = {}
@@ -349,6 +352,8 @@ class Controller:
                 self.config.topology, self.config.agents.source, self.config.prometheus):
             log.warning("reload: changes to [controller], [consul], [topology], [prometheus], agents.discover, "
                         "agents.source or heartbeat_s need a restart")
+        if catalog_token_warning(new.agents) and not catalog_token_warning(self.config.agents):
+            log.warning("reload: %s", catalog_token_warning(new.agents))
         self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety, quorum=new.quorum)
         if isinstance(self.collector, Collector):
             self.collector.token = new.agents.token

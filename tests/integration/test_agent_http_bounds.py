@@ -26,6 +26,7 @@ from azprobe.controller.config import parse_config
 from azprobe.errors import ConfigError
 from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, PathSpec
+from tests.helpers import write_secret
 
 TOKEN = "s3cret-token"
 
@@ -190,8 +191,7 @@ def test_events_need_a_token_or_a_loopback_listener():
 
 
 def test_token_files_in_both_configs(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
+    token_file = write_secret(tmp_path / "token", TOKEN + "\n")
     agent = parse_agent_config({"node": {"name": "n1", "az": "az-a"}, "agent": {"token_file": str(token_file)},
                                 "topology": {"az-a": ["198.18.1.0/24"]}})
     assert agent.token == TOKEN and TOKEN not in repr(agent)
@@ -200,7 +200,7 @@ def test_token_files_in_both_configs(tmp_path):
                                "agents": {"static": ["http://127.0.0.1:9740"], "token_file": str(token_file)},
                                "topology": {"azs": ["az-a", "az-b", "az-c"]}})
     assert controller.agents.token == TOKEN and TOKEN not in repr(controller)
-    (tmp_path / "empty").write_text("\n")
+    write_secret(tmp_path / "empty", "\n")
     for bad in (tmp_path / "missing", tmp_path / "empty"):
         with pytest.raises(ConfigError, match="^agent.token_file: "):
             parse_agent_config({"node": {"name": "n1", "az": "az-a"}, "agent": {"token_file": str(bad)},

@@ -15,7 +15,7 @@ import consul
 import pytest
 
 from azprobe.dev.devconsul.testing import DevConsul
-from tests.helpers import child_url
+from tests.helpers import child_url, write_secret
 
 HUGE = "1" + "0" * 400 + "s"  # overflows float and int64: Go's ParseDuration says "invalid duration"
 
@@ -75,8 +75,7 @@ def test_a_body_that_never_arrives_is_cut(devconsul, monkeypatch):
 
 
 def test_acl_master_token_comes_from_a_file_or_the_environment(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text("file-secret\n")
+    token_file = write_secret(tmp_path / "token", "file-secret\n")
     address_file = tmp_path / "devconsul.addr"
     proc = subprocess.Popen([sys.executable, "-m", "azprobe.dev.devconsul", "--http-addr", "127.0.0.1:0",
                              "--address-file", str(address_file), "--acl-master-token-file", str(token_file)],
@@ -99,6 +98,11 @@ def test_acl_master_token_comes_from_a_file_or_the_environment(tmp_path):
     old = subprocess.run([sys.executable, "-m", "azprobe.dev.devconsul", "--acl-master-token", "argv-secret"],
                          capture_output=True, timeout=30)
     assert old.returncode == 2  # no such option: a token on argv is refused
+    token_file.chmod(0o644)
+    loose = subprocess.run([sys.executable, "-m", "azprobe.dev.devconsul", "--http-addr", "127.0.0.1:0",
+                            "--acl-master-token-file", str(token_file)], capture_output=True, text=True, timeout=30)
+    assert loose.returncode == 2 and f"has mode 0644: other users may read or write it (chmod 600 {token_file})" \
+        in loose.stderr
 
 
 def test_sigterm_with_parked_queries_from_gone_clients_exits_promptly(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from azprobe.errors import ConfigError
 from azprobe.controller.config import parse_config
+from tests.helpers import write_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}, "topology": {"azs": ["az-a", "az-b", "az-c"]}}
@@ -94,3 +96,33 @@ def test_advertise_must_name_a_host():
     with pytest.raises(ConfigError) as exc:
         parse_config({**MINIMAL, "controller": {"advertise": "0.0.0.0:9741"}})
     assert exc.value.field == "controller.advertise"
+
+
+def _controller_log(caplog, tmp_path, agents: dict) -> str:
+    from azprobe.controller.main import Controller
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="azprobe.controller"):
+        Controller(parse_config({**MINIMAL, "consul": {"address": "http://127.0.0.1:1"}, "agents": agents}))
+    return caplog.text
+
+
+def test_catalog_discovery_with_a_token_warns_at_start_that_every_registration_gets_it(caplog, tmp_path):
+    token = write_secret(tmp_path / "agent-token", "s3cret\n")
+    text = _controller_log(caplog, tmp_path, {"discover": "consul", "token_file": str(token)})
+    assert "the agents' token goes over plain HTTP to every catalog registration of service 'azprobe-agent'" in text
+    assert "s3cret" not in text
+    for quiet in ({"discover": "consul"}, {"static": ["http://198.18.1.2:9740"], "token_file": str(token)}):
+        assert "catalog registration" not in _controller_log(caplog, tmp_path, quiet)
+
+
+def test_agents_token_file_of_mode_0644_is_refused_at_start(tmp_path):
+    token = write_secret(tmp_path / "agent-token", "s3cret\n")
+    token.chmod(0o644)
+    config = tmp_path / "c.toml"
+    config.write_text(f'[agents]\ndiscover = "consul"\ntoken_file = "{token}"\n[topology]\nazs = ["az-a"]\n')
+    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (f"azprobe: agents.token_file: {token} has mode 0644: other users may read or "
+                                  f"write it (chmod 600 {token})")

@@ -8,13 +8,12 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 
 import click
 from aiohttp import web
 
 from azprobe.address_file import format_host_port, write_address_file
-from azprobe.config import parse_host_port
+from azprobe.config import parse_host_port, read_token_file
 from azprobe.errors import AzprobeError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -104,14 +103,7 @@ def master_token(path: str | None, env_value: str | None) -> str | None:
     """The ACL master token from --acl-master-token-file, else DEVCONSUL_ACL_MASTER_TOKEN;
     None: ACLs off."""
     if path is not None:
-        try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise ConfigError("--acl-master-token-file", f"cannot read {path!r}: {exc.strerror or exc}",
-                              "give a readable file holding the token") from None
-        if not token:
-            raise ConfigError("--acl-master-token-file", f"{path!r} is empty", "put the token in it")
-        return token
+        return read_token_file(path, "--acl-master-token-file")
     if env_value is not None:
         if not env_value.strip():
             raise ConfigError("DEVCONSUL_ACL_MASTER_TOKEN", "is empty", "set a token or unset the variable")
