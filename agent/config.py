@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from azprobe.agentclient import read_token_file
 from azprobe import bpf
-from azprobe.config import Section, load_toml, parse_host_port, parse_topology
+from azprobe.config import Section, load_toml, parse_host_port, parse_topology, read_token_file
 from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, MIN_INTERVAL_S, name_problem, printable
 from azprobe.errors import ConfigError
 
@@ -88,13 +87,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     interval_s = agent.number("interval_s", 1.0, min=MIN_INTERVAL_S, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)
     token_file = agent.string("token_file", "")
-    token = ""
-    if token_file:
-        try:
-            token = read_token_file(token_file)
-        except ValueError as exc:
-            raise ConfigError(agent.field("token_file"), str(exc),
-                              "write one random token (e.g. `openssl rand -hex 32`) to it, mode 0600") from None
+    token = read_token_file(token_file, agent.field("token_file")) if token_file else ""
     collector = agent.string("collector", "auto")
     if collector not in COLLECTORS:
         raise ConfigError(agent.field("collector"), f"{collector!r} is not a collector",

@@ -10,13 +10,10 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from azprobe.agenthttp import MAX_BODY_BYTES, AgentHttpClient, Endpoint, HttpError
 from azprobe.contracts.window import Window, WindowError, printable
 from azprobe.contracts.windowcodec import ACCEPT_BOTH, WindowsPage, decode_page
-
-MAX_TOKEN_BYTES = 4096
 
 
 class AgentHttpStatus(ValueError):
@@ -32,20 +29,6 @@ def request_headers(token: str = "") -> dict[str, str]:
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return headers
-
-
-def read_token_file(path: str | Path) -> str:
-    """A bearer token from a file (one line; surrounding whitespace ignored). Raises
-    ValueError naming the problem: callers turn it into their own config error."""
-    try:
-        raw = Path(path).read_bytes()[:MAX_TOKEN_BYTES + 1]
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    token = raw.decode("utf-8", "replace").strip()
-    if not token or len(raw) > MAX_TOKEN_BYTES or any(c.isspace() or not c.isprintable() for c in token):
-        raise ValueError(f"{path} must hold one token of printable characters without spaces "
-                         f"(up to {MAX_TOKEN_BYTES} bytes)")
-    return token
 
 
 def _page(status: int, content_type: str, body: bytes, max_body_bytes: int) -> WindowsPage:

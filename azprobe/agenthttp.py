@@ -63,7 +63,7 @@ class Endpoint:
         except ValueError:
             raise HttpError(f"{url!r} has a bad port") from None
         if port == 0:  # urlsplit gives 0 for ":0", which "or default" would turn into 80
-            raise HttpError(f"{url!r} has port 0: give the agent's real port")
+            raise HttpError(f"{url!r} has port 0: give the server's real port")
         port = port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import os
+import pwd
 import re
+import stat
+import struct
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -150,6 +154,100 @@ class Section:
         if unknown:
             known = ", ".join(sorted(self._known)) or "none"
             raise ConfigError(self.field(unknown[0]), f"unknown key (known: {known})")
+
+
+# POSIX ACL (acl(5)) as Linux stores it in this xattr: a version word, then entries of
+# (tag u16, permissions u16, id u32). The tags that matter to who else may read a file.
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK = 0x02, 0x04, 0x08, 0x10
+
+
+MAX_SECRET_BYTES = 64 * 1024  # a token or key file; anything longer is the wrong file
+MAX_TOKEN_BYTES = 4096
+
+
+def read_token_file(path: str | Path, field: str) -> str:
+    """A bearer or ACL token from a secret file (read_secret_file: mode 0600 or stricter):
+    one token of printable characters, surrounding whitespace ignored. Raises ConfigError
+    naming `field`."""
+    raw = read_secret_file(path, field)
+    token = raw.decode("utf-8", "replace").strip()
+    if not token or len(raw) > MAX_TOKEN_BYTES or any(c.isspace() or not c.isprintable() for c in token):
+        raise ConfigError(field, f"{path} must hold one token of printable characters without spaces "
+                          f"(up to {MAX_TOKEN_BYTES} bytes)",
+                          "write one random token (e.g. `openssl rand -hex 32`) to it, mode 0600")
+    return token
+
+
+def read_secret_file(path: str | Path, field: str) -> bytes:
+    """The bytes of a token or key file (at most MAX_SECRET_BYTES).
+
+    Refused, with a ConfigError naming `field`, the file, its mode and the fix, when it is
+    not a regular file, when its owner is neither this user nor root (that user could
+    swap the secret), or when anyone else may read or write it: group or other bits in
+    its mode (mode & 0o077). A POSIX ACL makes the group bits its mask, so then the ACL
+    itself decides: entries for this user are fine (systemd's LoadCredential= hands a
+    service its credential as a root-owned 0400 file plus a read ACL for the service's
+    user), any other user or group is refused.
+    """
+    try:
+        # O_NONBLOCK: a FIFO planted at the path must not hang the start-up.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
+                          "point it at a readable file of mode 0600") from None
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(field, f"{path} is not a regular file", "point it at a file of mode 0600")
+        euid = os.geteuid()
+        if st.st_uid not in (euid, 0):
+            raise ConfigError(field, f"{path} is owned by uid {st.st_uid}, not by this user (uid {euid}) or root",
+                              f"chown {_user_name(euid)} {path}")
+        acl = _acl_entries(fd)
+        if mode & 0o007 or (mode & 0o070 and _acl_grants_others(acl, euid)):
+            raise ConfigError(field, f"{path} has mode {mode:04o}{' and an ACL' if acl else ''}: "
+                              "other users may read or write it",
+                              f"setfacl -b {path} && chmod 600 {path}" if acl else f"chmod 600 {path}")
+        raw = b""
+        while len(raw) <= MAX_SECRET_BYTES and (chunk := os.read(fd, MAX_SECRET_BYTES + 1 - len(raw))):
+            raw += chunk
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
+                          "point it at a readable file of mode 0600") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_SECRET_BYTES:
+        raise ConfigError(field, f"{path} is over {MAX_SECRET_BYTES} bytes: not a token or key",
+                          "point it at the secret's own file")
+    return raw
+
+
+def _acl_entries(fd: int) -> list[tuple[int, int, int]] | None:
+    """(tag, permissions, id) of the file's access ACL; None without one."""
+    try:
+        raw = os.getxattr(fd, _ACL_XATTR)
+    except OSError:  # ENODATA: no ACL; ENOTSUP: the filesystem has none
+        return None
+    return [struct.unpack_from("<HHI", raw, offset) for offset in range(4, len(raw) - 7, 8)]
+
+
+def _acl_grants_others(acl: list[tuple[int, int, int]] | None, euid: int) -> bool:
+    """Group bits are set: without an ACL they are the group's access; with one they are
+    its mask, and what counts is what the entries grant through it to anyone else."""
+    if acl is None:
+        return True
+    mask = next((perm for tag, perm, _ in acl if tag == _ACL_MASK), 0o7)
+    return any(perm & mask for tag, perm, uid in acl
+               if tag in (_ACL_GROUP_OBJ, _ACL_GROUP) or (tag == _ACL_USER and uid != euid))
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def parse_host_port(value: str, field: str, *, listen: bool = False) -> tuple[str, int]:

@@ -38,7 +38,7 @@ import consul.base
 import consul.std
 import requests
 
-from azprobe.config import Section
+from azprobe.config import Section, read_token_file
 from azprobe.contracts import bounded_json, kv
 from azprobe.errors import AzprobeError, ConfigError
 
@@ -152,7 +152,7 @@ class ConsulSettings:
 
 
 def normalize_address(address: str) -> str:
-    """"127.0.0.1:8500" -> "http://127.0.0.1:8500"; validates scheme and port."""
+    """"127.0.0.1:8500" -> "http://127.0.0.1:8500"; validates scheme, host and port (not 0)."""
     text = address.strip()
     if "://" not in text:
         text = "http://" + text
@@ -165,6 +165,8 @@ def normalize_address(address: str) -> str:
         raise ConfigError("consul address", f"{address!r}: bad port", "for example http://127.0.0.1:8500") from None
     if not url.hostname:
         raise ConfigError("consul address", f"{address!r}: no host", "for example http://127.0.0.1:8500")
+    if port == 0:  # urlsplit gives 0 for ":0", which "or default" would turn into 8500
+        raise ConfigError("consul address", f"{address!r}: port 0", "give Consul's real port, e.g. :8500")
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
     return f"{url.scheme}://{host}:{port or (443 if url.scheme == 'https' else 8500)}"
 
@@ -173,15 +175,7 @@ def resolve_token(token_file: str | None, field_name: str) -> str | None:
     """Consul's precedence: a token file beats a token; an explicit file beats the env."""
     path = token_file or os.environ.get("CONSUL_HTTP_TOKEN_FILE") or None
     if path:
-        source = field_name if token_file else "CONSUL_HTTP_TOKEN_FILE"
-        try:
-            token = open(path, encoding="utf-8").read().strip()
-        except OSError as exc:
-            raise ConfigError(source, f"cannot read token file {path}: {exc.strerror}",
-                              "point it at a readable file holding the ACL token") from None
-        if not token:
-            raise ConfigError(source, f"token file {path} is empty", "write the ACL token into it")
-        return token
+        return read_token_file(path, field_name if token_file else "CONSUL_HTTP_TOKEN_FILE")
     return os.environ.get("CONSUL_HTTP_TOKEN") or None
 
 

@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from azprobe.agentclient import WindowReader, read_token_file, request_headers
+from azprobe.agentclient import WindowReader, request_headers
 from azprobe.agenthttp import HttpError
 from azprobe.contracts import bounded_json
+from azprobe.config import read_token_file
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.window import PathStats, Window, WindowError
 
@@ -51,10 +52,7 @@ def _unreachable(url: str, exc: BaseException) -> PrerequisiteError:
 def token_from_option(path: str | None) -> str:
     if not path:
         return ""
-    try:
-        return read_token_file(path)
-    except ValueError as exc:
-        raise ConfigError("--token-file", str(exc), "pass the file the agent reads as agent.token_file") from None
+    return read_token_file(path, "--token-file")
 
 
 @dataclass

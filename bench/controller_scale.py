@@ -117,6 +117,7 @@ def main() -> None:
             "consul": {"address": "http://127.0.0.1:1"},  # never contacted: the bench runs cycles only
             "agents": {"static": [f"http://127.0.0.1:{port}/a/{i}" for i in range(args.agents)],
                        "pull_timeout_s": 0.8},
+            "topology": {"azs": ["az-a", "az-b", "az-c"]},  # the fake agents' --azs default
         })
         raise_file_limit()  # as the daemon does, before the collector sizes its pool
         controller = Controller(config)

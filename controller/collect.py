@@ -362,16 +362,16 @@ class Collector:
         evaluation_window_s: float,
         pull_timeout_s: float,
         stale_after_s: float,
+        topology: Topology,
         cycle_budget_s: float | None = None,
         concurrency: int = 128,
         slot_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        topology: Topology | None = None,
         token: str = "",
         max_body_bytes: int = MAX_BODY_BYTES,
         forget_after_s: float | None = None,
     ) -> None:
-        self.topology = topology or Topology()
+        self.topology = topology
         self.pull_timeout_s = pull_timeout_s
         self.stale_after_s = stale_after_s
         # However many agents time out, the pull phase ends by this budget.

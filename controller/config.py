@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from azprobe.address_file import format_host_port
-from azprobe.agentclient import read_token_file
 from azprobe.agenthttp import MAX_BODY_BYTES, Endpoint, HttpError
-from azprobe.config import Section, load_toml, parse_host_port
+from azprobe.config import Section, load_toml, parse_host_port, read_token_file
 from azprobe.errors import ConfigError
 from azprobe.controller.models import Model, load_model
 from azprobe.controller.quorum import QuorumConfig
@@ -88,9 +87,9 @@ class ControllerConfig:
     agents: AgentsSettings
     model: ModelSettings
     safety: SafetyConfig
+    topology: TopologySettings  # [topology]: the AZ set (controller/topology.py)
     heartbeat_s: float = 30.0  # [safety].heartbeat_s: write at least this often
     path: str = ""
-    topology: TopologySettings = TopologySettings()  # [topology]: the AZ set (controller/topology.py)
     quorum: QuorumConfig = QuorumConfig()  # [quorum]: how nodes' verdicts combine (controller/quorum.py)
     prometheus: PrometheusSettings | None = None  # set when agents.source = "prometheus"
 
@@ -188,11 +187,7 @@ def parse_agents(section: Section) -> AgentsSettings:
         if section.has("forget_after_s") else None,
     )
     if settings.token_file:
-        try:
-            settings = replace(settings, token=read_token_file(settings.token_file))
-        except ValueError as exc:
-            raise ConfigError(section.field("token_file"), str(exc),
-                              "point it at the file the agents read as agent.token_file") from None
+        settings = replace(settings, token=read_token_file(settings.token_file, section.field("token_file")))
     section.reject_unknown()
     if source == "prometheus":
         if static or discover:
@@ -205,6 +200,17 @@ def parse_agents(section: Section) -> AgentsSettings:
     return settings
 
 
+def catalog_token_warning(agents: AgentsSettings) -> str:
+    """The risk of catalog discovery with a bearer token ("" when there is none): the
+    collector sends the token, over plain HTTP, to every address the catalog lists for
+    the service, so whoever may register that service in Consul receives it."""
+    if agents.discover != "consul" or not agents.token or agents.source != "direct":
+        return ""
+    return (f"agents.discover = \"consul\" with agents.token_file: the agents' token goes over plain HTTP to every "
+            f"catalog registration of service {agents.service!r}, so whoever may register it receives the token; "
+            f"allow service:write on {agents.service!r} to the agents' tokens only (docs/operations.md)")
+
+
 _SELECTOR_FORBIDDEN = set('{}[]\n\r')
 
 
@@ -213,6 +219,10 @@ def parse_prometheus(section: Section) -> PrometheusSettings:
     if not url.startswith(("http://", "https://")) or len(url) < 10 or len(url) > 2000:
         raise ConfigError(section.field("url"), f"{url!r:.80} is not an http(s) URL",
                           "for example \"http://127.0.0.1:9090\"")
+    try:
+        Endpoint.parse(url)  # a host and a port, not 0
+    except HttpError as exc:
+        raise ConfigError(section.field("url"), str(exc), "for example \"http://127.0.0.1:9090\"") from None
     selector = section.string("selector", "")
     if len(selector) > 500 or _SELECTOR_FORBIDDEN & set(selector):
         raise ConfigError(section.field("selector"), f"{selector!r:.80} is not a list of label matchers",

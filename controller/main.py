@@ -36,7 +36,8 @@ from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, t
 from azprobe.contracts import kv, prom
 from azprobe.contracts.window import printable
 from azprobe.controller.collect import AgentTarget, Collector, PullResult
-from azprobe.controller.config import ControllerConfig, bound_advertise, load_config, load_model_from
+from azprobe.controller.config import (ControllerConfig, bound_advertise, catalog_token_warning, load_config,
+                                       load_model_from)
 from azprobe.controller.controls import OperatorControls, parse_controls
 from azprobe.controller.detector import DetectorResult, ZoneSpikeDetectors
 from azprobe.controller.leader import LeaderElection, LeaderProbe
@@ -87,9 +88,8 @@ class Controller:
                                        token=config.agents.token, max_body_bytes=config.agents.max_body_bytes,
                                        concurrency=config.agents.concurrency, topology=topology,
                                        forget_after_s=config.agents.forget_after_s)
-        if not config.topology.azs:
-            log.warning("[topology] azs is not set: admitting the first %d AZ names agents report; "
-                        "list the AZs in [topology] azs (docs/quorum.md)", config.topology.max_azs)
+        if catalog_token_warning(config.agents):
+            log.warning("%s", catalog_token_warning(config.agents))
         self.collector.set_targets(AgentTarget(url) for url in config.agents.static)
         self.rules = DecisionRules(load_model_from(config.model), config.quorum, config.safety)
         self.safety_states: dict[str, SafetyState] = {}
@@ -292,9 +292,7 @@ class Controller:
     def _read_controls(self) -> None:
         prefix = self.consul_settings.key(kv.CONTROL)
         state = read_key(self.client, prefix, recurse=True)
-        topology = self.collector.topology
-        self.operator = parse_controls(state.entries or {}, prefix, self.wall(),
-                                       topology.azs if topology.configured else None)
+        self.operator = parse_controls(state.entries or {}, prefix, self.wall(), self.collector.topology.azs)
         if self.operator.problems != self._logged_problems:
             for problem in self.operator.problems:
                 log.info("operator control %s", problem)
@@ -342,6 +340,8 @@ class Controller:
                 self.config.topology, self.config.agents.source, self.config.prometheus):
             log.warning("reload: changes to [controller], [consul], [topology], [prometheus], agents.discover, "
                         "agents.source or heartbeat_s need a restart")
+        if catalog_token_warning(new.agents) and not catalog_token_warning(self.config.agents):
+            log.warning("reload: %s", catalog_token_warning(new.agents))
         self.config = replace(self.config, agents=new.agents, model=new.model, safety=new.safety, quorum=new.quorum)
         if isinstance(self.collector, Collector):
             self.collector.token = new.agents.token

@@ -44,10 +44,10 @@ class PrometheusCollector:
     """Windows from Prometheus, one synthetic window per node per scrape interval."""
 
     def __init__(self, settings: PrometheusSettings, *, evaluation_window_s: float, stale_after_s: float,
-                 slot_s: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 topology: Topology | None = None) -> None:
+                 topology: Topology, slot_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self.topology = topology or Topology()  # the controller's AZs, as for the direct pull
+        self.topology = topology  # the controller's AZs, as for the direct pull
         self.stale_after_s = stale_after_s
         self.clock = clock
         self.store = WindowStore(evaluation_window_s, slot_s)

@@ -9,9 +9,8 @@ own `az` (a node measures its own connections, so its source is its own AZ), or 
 counts, so detector state, metric series, views and `weights/from/<src>` keys can never
 outgrow the configured AZs whatever names agents invent.
 
-Without `[topology]` (configs written before it existed) the controller admits the first
-`max_azs` (default 8) AZ names agents report (their own `az` or a destination), and says
-so in the log: bounded still, but the first names win, so production configs set `azs`.
+`azs` is required: with no list, the first names agents report would win, and one agent
+inventing five AZs would take five shares of the traffic.
 """
 
 from __future__ import annotations
@@ -29,19 +28,21 @@ from azprobe.errors import ConfigError
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 60.0
-DEFAULT_MAX_AZS = 8
+AZS_HELP = 'list your AZs, e.g. azs = ["az-a", "az-b", "az-c"] (docs/quorum.md)'
 
 
 @dataclass(frozen=True)
 class TopologySettings:
-    azs: tuple[str, ...] = ()  # empty: learn up to max_azs from the agents' own `az`
-    max_azs: int = DEFAULT_MAX_AZS
+    azs: tuple[str, ...]
 
 
 def parse_topology(section: Section) -> TopologySettings:
+    if not section.has("azs"):
+        raise ConfigError(section.field("azs"), "is required", AZS_HELP)
     azs = section.string_list("azs")
-    max_azs = section.integer("max_azs", DEFAULT_MAX_AZS, min=1, max=MAX_ZONES)
     section.reject_unknown()
+    if not azs:
+        raise ConfigError(section.field("azs"), "is empty", AZS_HELP)
     for az in azs:
         problem = name_problem(az, MAX_AZ_NAME)
         if problem or az == OTHER_AZ:
@@ -52,7 +53,7 @@ def parse_topology(section: Section) -> TopologySettings:
     if len(azs) > MAX_ZONES:
         raise ConfigError(section.field("azs"), f"{len(azs)} AZs exceed {MAX_ZONES}",
                           f"a weights document holds at most {MAX_ZONES} zones")
-    return TopologySettings(azs=tuple(azs), max_azs=len(azs) or max_azs)
+    return TopologySettings(azs=tuple(azs))
 
 
 @dataclass
@@ -66,32 +67,18 @@ class TopologyCounters:
 class Topology:
     """The admitted AZ set and the filter every window passes through."""
 
-    settings: TopologySettings = field(default_factory=TopologySettings)
+    settings: TopologySettings
     clock: Callable[[], float] = time.monotonic
     counters: TopologyCounters = field(default_factory=TopologyCounters)
-    learned: list[str] = field(default_factory=list)
     _logged_at: float = float("-inf")
     _logged: TopologyCounters = field(default_factory=TopologyCounters)
 
     @property
-    def configured(self) -> bool:
-        return bool(self.settings.azs)
-
-    @property
     def azs(self) -> tuple[str, ...]:
-        return self.settings.azs if self.configured else tuple(self.learned)
+        return self.settings.azs
 
     def knows(self, az: str) -> bool:
-        if self.configured:
-            return az in self.settings.azs
-        if az in self.learned:
-            return True
-        if az != OTHER_AZ and len(self.learned) < self.settings.max_azs:
-            self.learned.append(az)
-            log.info("topology: admitted AZ %s (%d of max_azs %d; set [topology] azs to fix the set)",
-                     az, len(self.learned), self.settings.max_azs)
-            return True
-        return False
+        return az in self.settings.azs
 
     def admit(self, window: Window) -> Window | None:
         """The window with only the paths the topology allows; None to drop it whole."""
@@ -123,6 +110,6 @@ class Topology:
                     "AZs since the last report (e.g. node %s, az %s); AZs are %s",
                     c.windows_unknown_az - last.windows_unknown_az, c.paths_foreign_src - last.paths_foreign_src,
                     c.paths_unknown_dst - last.paths_unknown_dst, printable(window.node, 64),
-                    printable(window.az, 64), ", ".join(self.azs) or "none yet")
+                    printable(window.az, 64), ", ".join(self.azs))
         self._logged_at = now
         self._logged = replace(c)

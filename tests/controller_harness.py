@@ -23,13 +23,22 @@ import consul
 from azprobe.address_file import read_address_file
 from azprobe.config import dump_toml
 from azprobe.contracts.weights import WeightsDoc, parse_weights
+from azprobe.controller.topology import Topology, TopologySettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+AZS = ("az-a", "az-b", "az-c")  # the fake agents' AZs
+
+
+def topology(azs: tuple[str, ...] = AZS) -> Topology:
+    """The controller's AZ filter for a Collector built by a test."""
+    return Topology(TopologySettings(azs=azs))
+
+
 def controller_config(name: str, consul_url: str, agents: list[str], *,
                       interval_s: float = 0.2, evaluation_window_s: float = 1.0, lock_delay_s: float = 1.0,
-                      safety: dict[str, Any] | None = None) -> dict[str, Any]:
+                      safety: dict[str, Any] | None = None, azs: tuple[str, ...] = AZS) -> dict[str, Any]:
     return {
         "controller": {"name": name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
                        # port 0: the kernel picks; advertise port 0 = the port bound
@@ -39,6 +48,7 @@ def controller_config(name: str, consul_url: str, agents: list[str], *,
         "agents": {"static": agents, "pull_timeout_s": 0.5},
         "safety": {"min_samples": 20, "stale_after_s": 2, "equal_after_s": 4, "heartbeat_s": 30,
                    "drain_dwell_s": 0, **(safety or {})},
+        "topology": {"azs": list(azs)},
     }
 
 

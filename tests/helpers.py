@@ -9,11 +9,21 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 T = TypeVar("T")
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """A token file as operators must create it: mode 0600 (azprobe refuses looser ones)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,

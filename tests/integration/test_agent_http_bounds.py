@@ -24,7 +24,9 @@ from azprobe.contracts.windowcodec import COMPACT_TYPE
 from azprobe.controller.collect import AgentTarget, Collector
 from azprobe.controller.config import parse_config
 from azprobe.errors import ConfigError
+from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, PathSpec
+from tests.helpers import write_secret
 
 TOKEN = "s3cret-token"
 
@@ -166,7 +168,8 @@ def test_the_token_guards_v1_and_the_controller_sends_it():
         assert get(url + "/healthz")[0] == 200 and get(url + "/metrics")[0] == 200  # open for probes
 
         async def pull(token: str) -> tuple[int, int, str]:
-            collector = Collector(evaluation_window_s=1e9, pull_timeout_s=5.0, stale_after_s=5.0, token=token)
+            collector = Collector(evaluation_window_s=1e9, pull_timeout_s=5.0, stale_after_s=5.0, token=token,
+                                  topology=topology())
             collector.set_targets([AgentTarget(url)])
             result = await collector.pull_all()
             await collector.close()
@@ -188,16 +191,16 @@ def test_events_need_a_token_or_a_loopback_listener():
 
 
 def test_token_files_in_both_configs(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
+    token_file = write_secret(tmp_path / "token", TOKEN + "\n")
     agent = parse_agent_config({"node": {"name": "n1", "az": "az-a"}, "agent": {"token_file": str(token_file)},
                                 "topology": {"az-a": ["198.18.1.0/24"]}})
     assert agent.token == TOKEN and TOKEN not in repr(agent)
     controller = parse_config({"controller": {"name": "c", "listen": "127.0.0.1:9741"},
                                "consul": {"address": "http://127.0.0.1:8500"},
-                               "agents": {"static": ["http://127.0.0.1:9740"], "token_file": str(token_file)}})
+                               "agents": {"static": ["http://127.0.0.1:9740"], "token_file": str(token_file)},
+                               "topology": {"azs": ["az-a", "az-b", "az-c"]}})
     assert controller.agents.token == TOKEN and TOKEN not in repr(controller)
-    (tmp_path / "empty").write_text("\n")
+    write_secret(tmp_path / "empty", "\n")
     for bad in (tmp_path / "missing", tmp_path / "empty"):
         with pytest.raises(ConfigError, match="^agent.token_file: "):
             parse_agent_config({"node": {"name": "n1", "az": "az-a"}, "agent": {"token_file": str(bad)},
@@ -205,7 +208,8 @@ def test_token_files_in_both_configs(tmp_path):
         with pytest.raises(ConfigError, match="^agents.token_file: "):
             parse_config({"controller": {"name": "c", "listen": "127.0.0.1:9741"},
                           "consul": {"address": "http://127.0.0.1:8500"},
-                          "agents": {"static": ["http://127.0.0.1:9740"], "token_file": str(bad)}})
+                          "agents": {"static": ["http://127.0.0.1:9740"], "token_file": str(bad)},
+                          "topology": {"azs": ["az-a", "az-b", "az-c"]}})
 
 
 def test_the_blocking_reader_sends_the_token_too():

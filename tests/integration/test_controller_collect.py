@@ -13,12 +13,14 @@ from aiohttp import web
 from azprobe.agenthttp import AgentHttpClient, Endpoint
 from azprobe.controller.collect import AgentState, AgentTarget, Collector
 from azprobe.contracts.window import parse_window
+from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec
 
 
 def _collector(urls: list[str], **kwargs) -> Collector:
     collector = Collector(evaluation_window_s=kwargs.pop("evaluation_window_s", 30.0),
-                          pull_timeout_s=kwargs.pop("pull_timeout_s", 0.5), stale_after_s=5.0, **kwargs)
+                          pull_timeout_s=kwargs.pop("pull_timeout_s", 0.5), stale_after_s=5.0,
+                          topology=topology(), **kwargs)
     collector.set_targets(AgentTarget(u) for u in urls)
     return collector
 
@@ -170,7 +172,8 @@ def test_agents_discovered_from_the_catalog(devconsul):
                     "NodeMeta": {"az": az}, "Service": service}
             assert devconsul.request("PUT", "/v1/catalog/register", body=json.dumps(body)).status == 200
         config = parse_config({"controller": {"name": "c", "listen": "127.0.0.1:9"},
-                               "consul": {"address": devconsul.url}, "agents": {"discover": "consul"}})
+                               "consul": {"address": devconsul.url}, "agents": {"discover": "consul"},
+                               "topology": {"azs": ["az-a", "az-b", "az-c"]}})
         ctl = Controller(config)
         ctl.consul_tick()
         assert ctl.consul_up is True

@@ -28,6 +28,7 @@ def _controller(devconsul, server: FakeAgentServer) -> Controller:
         "consul": {"address": devconsul.url},
         "agents": {"static": [server.url(k) for k in server.agents]},
         "safety": {"drain_dwell_s": 0, "max_decrease_points": 100, "max_increase_points": 100},
+        "topology": {"azs": ["az-a", "az-b", "az-c"]},
     })
     return Controller(config)
 

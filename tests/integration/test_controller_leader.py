@@ -70,7 +70,8 @@ def test_deposed_leader_write_is_rejected_by_the_txn(devconsul):
 def test_controller_steps_down_on_409(devconsul, caplog):
     """The daemon's Consul round: a fenced write (409) makes it a standby at once."""
     config = parse_config({"controller": {"name": "ctl", "listen": "127.0.0.1:9", "lock_delay_s": LOCK_DELAY_S},
-                           "consul": {"address": devconsul.url}, "agents": {"static": ["http://127.0.0.1:9"]}})
+                           "consul": {"address": devconsul.url}, "agents": {"static": ["http://127.0.0.1:9"]},
+                           "topology": {"azs": ["az-a", "az-b", "az-c"]}})
     ctl = Controller(config)
     client = ctl.client
     ctl.latest_views = _views({"az-a": 60, "az-b": 40})

@@ -16,6 +16,7 @@ from azprobe.contracts.windowcodec import COMPACT_TYPE, JSON_TYPE
 from azprobe.controller.collect import AgentTarget, Collector
 from azprobe.controller.config import parse_config
 from azprobe.errors import ConfigError
+from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec
 
 
@@ -34,7 +35,7 @@ async def _hostile_agent(answer: Callable[[asyncio.StreamWriter], object]) -> tu
 
 def _collector(url: str, **kwargs) -> Collector:
     collector = Collector(evaluation_window_s=30.0, pull_timeout_s=kwargs.pop("pull_timeout_s", 10.0),
-                          stale_after_s=5.0, **kwargs)
+                          stale_after_s=5.0, topology=topology(), **kwargs)
     collector.set_targets([AgentTarget(url)])
     return collector
 
@@ -132,7 +133,8 @@ def test_a_chunked_page_within_the_caps_is_read():
 def test_an_agent_url_with_port_0_is_a_config_error(url):
     with pytest.raises(ConfigError, match="^agents.static: .*port 0"):
         parse_config({"controller": {"name": "c", "listen": "127.0.0.1:9741"},
-                      "consul": {"address": "http://127.0.0.1:8500"}, "agents": {"static": [url]}})
+                      "consul": {"address": "http://127.0.0.1:8500"}, "agents": {"static": [url]},
+                      "topology": {"azs": ["az-a", "az-b", "az-c"]}})
 
 
 def _nested_msgpack_page(depth: int) -> bytes:

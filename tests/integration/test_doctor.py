@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from azprobe.dev.devconsul.testing import DevConsul
-from tests.helpers import refused_port, require_tools
+from tests.helpers import refused_port, require_tools, write_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def controller_config(tmp_path: Path, address: str, agents: list[str], token_fil
     quoted = ", ".join(f'"{a}"' for a in agents)
     path.write_text(f'[controller]\nname = "doctor-test"\n'
                     f'[consul]\naddress = "{address}"\ntoken_file = "{token_file}"\nprefix = "azprobe/test/"\n'
-                    f'[agents]\nstatic = [{quoted}]\n')
+                    f'[agents]\nstatic = [{quoted}]\n[topology]\nazs = ["az-a"]\n')
     return str(path)
 
 
@@ -149,8 +149,7 @@ def test_all_agents_down_is_a_failure(devconsul, tmp_path):
 
 def test_acl_wrong_token_reports_permission_denied(tmp_path, live_agent_url):
     with DevConsul(acl_master_token="root-secret") as dc:
-        wrong = tmp_path / "wrong.token"
-        wrong.write_text("not-the-token\n")
+        wrong = write_secret(tmp_path / "wrong.token", "not-the-token\n")
         result = doctor("--role", "controller", "--config",
                         controller_config(tmp_path, dc.url, [live_agent_url], str(wrong)), "--json")
         assert result.returncode == 1
@@ -159,8 +158,7 @@ def test_acl_wrong_token_reports_permission_denied(tmp_path, live_agent_url):
         assert acl["detail"].startswith("permission denied writing azprobe/test/doctor/")
         assert 'key_prefix "azprobe/test/"' in acl["fix"]
 
-        right = tmp_path / "right.token"
-        right.write_text("root-secret\n")
+        right = write_secret(tmp_path / "right.token", "root-secret\n")
         result = doctor("--role", "controller", "--config",
                         controller_config(tmp_path, dc.url, [live_agent_url], str(right)), "--json")
         assert result.returncode == 0, result.stdout

@@ -15,6 +15,7 @@ from aiohttp import web
 from azprobe.controller.collect import AgentState
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import PrometheusCollector
+from tests.controller_harness import topology
 from tests.unit.test_prom_source import scraped_agent
 
 _, GOOD = scraped_agent(ticks=3)
@@ -70,8 +71,9 @@ HANDLERS = {"good": _good, "big": _big_announced, "stream": _big_streamed, "slow
 def _collector(port: int, name: str) -> PrometheusCollector:
     config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
                            "prometheus": {"url": f"http://127.0.0.1:{port}/{name}", "query_timeout_s": 0.3,
-                                          "max_response_bytes": len(GOOD_BODY) + 1024}})
-    return PrometheusCollector(config.prometheus, evaluation_window_s=1e9, stale_after_s=5.0)
+                                          "max_response_bytes": len(GOOD_BODY) + 1024},
+                           "topology": {"azs": ["az-a", "az-b", "az-c"]}})
+    return PrometheusCollector(config.prometheus, evaluation_window_s=1e9, stale_after_s=5.0, topology=topology())
 
 
 @pytest.mark.parametrize("name,why", [("big", "max_response_bytes"), ("stream", "max_response_bytes"),

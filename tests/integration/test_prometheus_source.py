@@ -36,6 +36,7 @@ def _config(agents: dict, prometheus: dict | None = None) -> Controller:
         "consul": {"address": "http://127.0.0.1:9"},
         "agents": agents,
         "safety": {"drain_dwell_s": 0, "max_decrease_points": 100, "max_increase_points": 100, "stale_after_s": 5},
+        "topology": {"azs": ["az-a", "az-b", "az-c"]},
     }
     if prometheus:
         doc["prometheus"] = prometheus

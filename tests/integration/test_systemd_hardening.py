@@ -254,7 +254,7 @@ def _controller_runs_in_its_unit_sandbox(devconsul, world_readable_dir: Path, de
     config = world_readable_dir / "controller.toml"
     config.write_text(f'[controller]\nname = "sandboxed-ctl"\nlisten = "127.0.0.1:0"\nlock_delay_s = 0\n'
                       f'[consul]\naddress = "{devconsul.url}"\nprefix = "azprobe/sandbox/"\n'
-                      f'[agents]\nstatic = ["http://127.0.0.1:{dead_agent_port}"]\n')
+                      f'[agents]\nstatic = ["http://127.0.0.1:{dead_agent_port}"]\n[topology]\nazs = ["az-a"]\n')
     address_file = writable_by(world_readable_dir, 65534) / "controller.address"
     proc = subprocess.Popen(sandboxed("azprobe-controller.service", world_readable_dir,
                                       ["-m", "azprobe.cli", "controller", "--config", str(config),

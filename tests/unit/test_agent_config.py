@@ -89,3 +89,14 @@ def test_bad_node_addresses_exit_2_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "azprobe: node.addresses: '198.18.1.999' is not an IP address "
         "(list this node's own addresses, e.g. [\"10.0.1.5\", \"fd00::5\"])"]
+
+
+def test_a_loose_token_file_is_refused_naming_the_fix(tmp_path):
+    token = tmp_path / "agent-token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    with pytest.raises(ConfigError) as exc:
+        parse_agent_config({**GOOD, "agent": {"token_file": str(token)}})
+    assert exc.value.field == "agent.token_file" and exc.value.fix == f"chmod 600 {token}"
+    token.chmod(0o600)
+    assert parse_agent_config({**GOOD, "agent": {"token_file": str(token)}}).token == "s3cret"

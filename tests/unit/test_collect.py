@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from azprobe.controller.collect import AgentCursor, AgentState, AgentTarget, Collector, WindowStore
+from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, PathSpec
 
 
@@ -23,7 +24,8 @@ class Clock:
 
 def make(horizon: float = 5.0):
     clock = Clock()
-    collector = Collector(evaluation_window_s=horizon, pull_timeout_s=0.5, stale_after_s=3.0, clock=clock)
+    collector = Collector(evaluation_window_s=horizon, pull_timeout_s=0.5, stale_after_s=3.0, clock=clock,
+                          topology=topology())
     collector.set_targets([AgentTarget("http://agent-1")])
     agent = FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=10)])
     return collector, collector.cursors["http://agent-1"], agent, clock

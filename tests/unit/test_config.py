@@ -1,13 +1,18 @@
 import json
+import os
+import stat
+import struct
 import tomllib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from azprobe.config import MAX_FILE_BYTES, Section, load_toml, parse_host_port, parse_toml, parse_topology
+from azprobe.config import (MAX_FILE_BYTES, MAX_SECRET_BYTES, Section, load_toml, parse_host_port, parse_toml,
+                            parse_topology, read_secret_file, read_token_file)
 from azprobe.contracts.bounded_json import MAX_DEPTH
 from azprobe.errors import ConfigError
+from tests.helpers import require, require_root
 
 
 def test_unknown_key_names_the_field():
@@ -101,3 +106,99 @@ def test_toml_nesting_is_counted_outside_strings_and_comments(depth, strings, co
     else:
         with pytest.raises(ConfigError, match="nested too deeply"):
             parse_toml(text.encode(), "f")
+# --- secret files (tokens, keys) --------------------------------------------------------
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A Linux POSIX ACL xattr value: version 2, then (tag, permissions, id) entries."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def _credential_acl(reader_uid: int) -> bytes:
+    """What systemd's LoadCredential= leaves: owner r, user:<service uid>:r, no group, no other."""
+    undefined = 0xFFFFFFFF
+    return _acl((0x01, 4, undefined), (0x02, 4, reader_uid), (0x04, 0, undefined), (0x10, 4, undefined),
+                (0x20, 0, undefined))
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o700])
+def test_a_token_file_of_the_owner_only_is_read(tmp_path, mode):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(mode)
+    assert read_token_file(path, "agents.token_file") == "s3cret"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o602, 0o620, 0o610])
+def test_a_token_file_others_may_read_or_write_is_refused_naming_mode_and_fix(tmp_path, mode):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as exc:
+        read_token_file(path, "agents.token_file")
+    assert str(exc.value) == (f"agents.token_file: {path} has mode {mode:04o}: other users may read or write it "
+                              f"(chmod 600 {path})")
+    assert exc.value.exit_code == 2
+
+
+def test_a_secret_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)  # opened blocking, this would wait for a writer for ever
+    for path in (fifo, tmp_path):
+        with pytest.raises(ConfigError, match=f"^consul.token_file: {path} is not a regular file"):
+            read_secret_file(path, "consul.token_file")
+
+
+def test_a_secret_owned_by_another_user_is_refused(tmp_path):
+    require_root("chown")
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(0o600)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(ConfigError) as exc:
+        read_secret_file(path, "agent.token_file")
+    assert str(exc.value) == (f"agent.token_file: {path} is owned by uid 65534, not by this user (uid 0) or root "
+                              f"(chown root {path})")
+
+
+def test_a_systemd_credential_is_read_by_its_service_user_only(tmp_path, monkeypatch):
+    """Root-owned 0400 plus an ACL entry for the service's uid: stat shows 0440 (the group
+    bits are the ACL mask), yet only that uid may read it."""
+    path = tmp_path / "agent-token"
+    path.write_text("s3cret\n")
+    path.chmod(0o400)
+    try:
+        os.setxattr(path, "system.posix_acl_access", _credential_acl(61234))
+    except OSError as exc:
+        require(False, f"POSIX ACLs on {tmp_path} ({exc.strerror})", "run the tests on ext4, xfs or tmpfs")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o440
+    monkeypatch.setattr(os, "geteuid", lambda: 61234)  # the service's dynamic user
+    if path.stat().st_uid == 0:
+        assert read_token_file(path, "agents.token_file") == "s3cret"
+    monkeypatch.setattr(os, "geteuid", lambda: path.stat().st_uid)  # anyone else: the ACL lets 61234 read
+    with pytest.raises(ConfigError) as exc:
+        read_token_file(path, "agents.token_file")
+    assert f"{path} has mode 0440 and an ACL: other users may read" in str(exc.value)
+    assert f"(setfacl -b {path} && chmod 600 {path})" in str(exc.value)
+
+
+def test_a_group_acl_entry_is_refused(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(0o600)
+    undefined = 0xFFFFFFFF
+    try:
+        os.setxattr(path, "system.posix_acl_access",
+                    _acl((0x01, 6, undefined), (0x04, 0, undefined), (0x08, 4, 4321), (0x10, 4, undefined),
+                         (0x20, 0, undefined)))
+    except OSError as exc:
+        require(False, f"POSIX ACLs on {tmp_path} ({exc.strerror})", "run the tests on ext4, xfs or tmpfs")
+    with pytest.raises(ConfigError, match="and an ACL: other users may read or write it"):
+        read_token_file(path, "agents.token_file")
+
+
+def test_an_oversized_secret_is_refused(tmp_path):
+    path = tmp_path / "token"
+    path.write_bytes(b"x" * (MAX_SECRET_BYTES + 1))
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match=f"is over {MAX_SECRET_BYTES} bytes"):
+        read_secret_file(path, "agents.token_file")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,10 @@ import pytest
 
 from azprobe.errors import ConfigError
 from azprobe.controller.config import parse_config
+from tests.helpers import write_secret
 
 ROOT = Path(__file__).resolve().parents[2]
-MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}}
+MINIMAL = {"agents": {"static": ["http://198.18.1.2:9740"]}, "topology": {"azs": ["az-a", "az-b", "az-c"]}}
 
 
 def test_defaults_follow_the_contract(monkeypatch):
@@ -47,6 +49,14 @@ def test_defaults_follow_the_contract(monkeypatch):
     ({"agents": {**MINIMAL["agents"], "forget_after_s": "long"}}, "agents.forget_after_s"),
     ({"agents": {**MINIMAL["agents"], "forget_after_s": 0}}, "agents.forget_after_s"),
     ({"agents": {**MINIMAL["agents"], "forget_after_s": 4.0}}, "agents.forget_after_s"),  # < the 5 s window
+    ({**MINIMAL, "consul": {"address": "http://127.0.0.1:0"}}, "consul.address"),
+    ({**MINIMAL, "consul": {"address": "127.0.0.1:0"}}, "consul.address"),
+    ({**MINIMAL, "agents": {"source": "prometheus"}, "prometheus": {"url": "http://127.0.0.1:0"}}, "prometheus.url"),
+    ({**MINIMAL, "agents": {"source": "prometheus"}, "prometheus": {"url": "https://prom.example:0/x"}},
+     "prometheus.url"),
+    ({**MINIMAL, "topology": {}}, "topology.azs"),
+    ({**MINIMAL, "topology": {"azs": []}}, "topology.azs"),
+    ({**MINIMAL, "topology": {"azs": ["az-a"], "max_azs": 8}}, "topology.max_azs"),
 ])
 def test_bad_fields_are_named(data, field):
     with pytest.raises(ConfigError) as exc:
@@ -61,7 +71,7 @@ def test_forget_time_defaults_to_three_evaluation_windows():
     assert parse_config(MINIMAL).agents.forget_after_s is None
     ctl = Controller(parse_config({**MINIMAL, "controller": {"evaluation_window_s": 4.0}}))
     assert isinstance(ctl.collector, Collector) and ctl.collector.identities.forget_after_s == 12.0
-    ctl = Controller(parse_config({"agents": {**MINIMAL["agents"], "forget_after_s": 60}}))
+    ctl = Controller(parse_config({**MINIMAL, "agents": {**MINIMAL["agents"], "forget_after_s": 60}}))
     assert ctl.collector.identities.forget_after_s == 60.0
 
 
@@ -73,6 +83,16 @@ def test_cli_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [out.stderr.strip()]
     assert out.stderr.startswith("azprobe: safety.stale_after_s:")
+
+
+def test_topology_azs_is_required_exit_2_naming_the_fix(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[agents]\nstatic = ["http://198.18.1.2:9740"]\n')
+    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ('azprobe: topology.azs: is required (list your AZs, e.g. '
+                                  'azs = ["az-a", "az-b", "az-c"] (docs/quorum.md))')
 
 
 @pytest.mark.parametrize("controller, advertise", [
@@ -90,3 +110,33 @@ def test_advertise_must_name_a_host():
     with pytest.raises(ConfigError) as exc:
         parse_config({**MINIMAL, "controller": {"advertise": "0.0.0.0:9741"}})
     assert exc.value.field == "controller.advertise"
+
+
+def _controller_log(caplog, tmp_path, agents: dict) -> str:
+    from azprobe.controller.main import Controller
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="azprobe.controller"):
+        Controller(parse_config({**MINIMAL, "consul": {"address": "http://127.0.0.1:1"}, "agents": agents}))
+    return caplog.text
+
+
+def test_catalog_discovery_with_a_token_warns_at_start_that_every_registration_gets_it(caplog, tmp_path):
+    token = write_secret(tmp_path / "agent-token", "s3cret\n")
+    text = _controller_log(caplog, tmp_path, {"discover": "consul", "token_file": str(token)})
+    assert "the agents' token goes over plain HTTP to every catalog registration of service 'azprobe-agent'" in text
+    assert "s3cret" not in text
+    for quiet in ({"discover": "consul"}, {"static": ["http://198.18.1.2:9740"], "token_file": str(token)}):
+        assert "catalog registration" not in _controller_log(caplog, tmp_path, quiet)
+
+
+def test_agents_token_file_of_mode_0644_is_refused_at_start(tmp_path):
+    token = write_secret(tmp_path / "agent-token", "s3cret\n")
+    token.chmod(0o644)
+    config = tmp_path / "c.toml"
+    config.write_text(f'[agents]\ndiscover = "consul"\ntoken_file = "{token}"\n[topology]\nazs = ["az-a"]\n')
+    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (f"azprobe: agents.token_file: {token} has mode 0644: other users may read or "
+                                  f"write it (chmod 600 {token})")

@@ -72,9 +72,9 @@ def test_controls_freeze_shift_and_expiry():
         prefix + "shift/az-d": b'{"reason": "forever"}',  # no expiry: refused
         prefix + "typo": b"1",
     }
-    parsed = parse_controls(entries, prefix, now)
+    parsed = parse_controls(entries, prefix, now, ("az-a", "az-b", "az-c", "az-d"))
     assert parsed.controls.freeze is True and parsed.freeze_reason == "operator freeze"
     assert dict(parsed.controls.shifts) == {"az-b": 2000.0}
     assert len(parsed.problems) == 2 and "shift/az-d" in parsed.problems[0] and "typo" in parsed.problems[1]
-    expired = parse_controls({prefix + "freeze": b'{"until": 10}'}, prefix, now)
+    expired = parse_controls({prefix + "freeze": b'{"until": 10}'}, prefix, now, ("az-a",))
     assert expired.controls.freeze is False

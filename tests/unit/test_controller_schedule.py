@@ -39,7 +39,7 @@ def test_full_collections_by_time_or_by_growth(monkeypatch):
 
     controller = main.Controller(parse_config({
         "controller": {"name": "c", "listen": "127.0.0.1:9741"}, "consul": {"address": "http://127.0.0.1:1"},
-        "agents": {"static": ["http://127.0.0.1:9740"]}}))
+        "agents": {"static": ["http://127.0.0.1:9740"]}, "topology": {"azs": ["az-a"]}}))
     collections: list[int] = []
     alive = [10]
     monkeypatch.setattr(gc, "collect", lambda *args: collections.append(1) or 0)

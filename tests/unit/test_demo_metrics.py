@@ -282,8 +282,8 @@ def test_generated_controller_config_passes_the_controllers_parser() -> None:
     from azprobe.controller.config import parse_config
 
     text = controller_config(ControllerPlan("ctl-2", "127.0.0.1:19741"), consul_url="http://127.0.0.1:18500",
-                             prefix="azprobe/demo-1/", agent_urls=["http://127.0.0.1:19740"], lock_delay_s=2.0,
-                             heartbeat_s=1.0)
+                             prefix="azprobe/demo-1/", agent_urls=["http://127.0.0.1:19740"],
+                             azs=["az-a", "az-b"], lock_delay_s=2.0, heartbeat_s=1.0)
     config = parse_config(tomllib.loads(text))
     assert config.controller.name == "ctl-2"
     assert config.controller.lock_delay_s == 2.0 and config.controller.session_ttl_s == 10.0
@@ -292,6 +292,7 @@ def test_generated_controller_config_passes_the_controllers_parser() -> None:
     assert config.agents.static == ("http://127.0.0.1:19740",)
     assert config.consul.prefix == "azprobe/demo-1/"
     assert config.heartbeat_s == 1.0
+    assert config.topology.azs == ("az-a", "az-b")
 
 
 def test_agent_config_copy_changes_only_listen_and_interval() -> None:

@@ -147,6 +147,18 @@ def test_txn_results_blank_values_except_get():
     assert all(r["KV"]["ModifyIndex"] == result.commit.index for r in result.results)
 
 
+def test_txn_results_are_bounded_in_values_and_roll_back_past_the_bound():
+    store = Store()
+    store.kv_apply("set", "a", b"x" * 6)
+    before = store.index
+    ok = store.txn([{"Verb": "get", "Key": "a"}], max_result_bytes=6)
+    assert ok.errors is None and ok.results[0]["KV"]["Value"] == b"x" * 6
+    over = store.txn([{"Verb": "set", "Key": "b", "Value": b"1"}, {"Verb": "get", "Key": "a"},
+                      {"Verb": "get-tree", "Key": ""}], max_result_bytes=10)
+    assert over.results is None and over.errors[0]["OpIndex"] == 2 and "exceed 10 bytes" in over.errors[0]["What"]
+    assert store.index == before and store.kv_get("b")[1] is None  # nothing applied
+
+
 def test_txn_check_index_and_lock_delay():
     store = _store_with_node()
     store.kv_apply("set", "k", b"")

@@ -20,6 +20,7 @@ from azprobe.controller.prom_source import PrometheusCollector
 from azprobe.controller.prom_windows import (SERIES_NAMES, PromAnswerError, node_windows, parse_answer,
                                              query_for)
 from azprobe.errors import ConfigError
+from tests.controller_harness import topology
 from tests.fakeagent import PathSpec
 from tests.promagent import SyntheticAgent
 
@@ -214,10 +215,10 @@ def test_more_az_names_than_a_topology_holds_are_garbage():
 def test_collector_ingests_once_and_counts_garbage():
     agent, doc = scraped_agent(ticks=3)
     config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
-                           "prometheus": {"url": "http://127.0.0.1:9"}})
+                           "prometheus": {"url": "http://127.0.0.1:9"}, "topology": {"azs": ["az-a"]}})
     now = [5000.0]
     collector = PrometheusCollector(config.prometheus, evaluation_window_s=10.0, stale_after_s=5.0,
-                                    clock=lambda: now[0])
+                                    clock=lambda: now[0], topology=topology())
     answer = parse_answer(doc, max_series=10_000)
     assert collector.range_s() == 30.0  # first contact: the whole lookback (the backlog)
     assert collector.ingest(answer, now[0]) == 3

@@ -27,10 +27,18 @@ def test_configured_topology_drops_and_counts():
     assert topo.azs == ("az-a", "az-b")
 
 
-def test_without_azs_the_first_max_azs_names_are_admitted():
-    topo = Topology(TopologySettings(max_azs=3))
-    topo.admit(_window("az-a", ["az-b", "az-c", "az-d", "az-e"]))
-    assert topo.azs == ("az-a", "az-b", "az-c") and topo.counters.paths_unknown_dst == 2
+def test_one_agent_inventing_azs_adds_none():
+    topo = Topology(TopologySettings(azs=("az-a", "az-b", "az-c")))
+    kept = topo.admit(_window("az-a", ["az-b", "fake-1", "fake-2", "fake-3", "fake-4", "fake-5"]))
+    assert [p.dst for p in kept.paths] == ["az-b"] and topo.counters.paths_unknown_dst == 5
+    assert topo.azs == ("az-a", "az-b", "az-c")
+
+
+def test_azs_is_required():
+    for data in ({}, {"azs": []}):
+        with pytest.raises(ConfigError) as exc:
+            parse_topology(Section(data, "topology"))
+        assert exc.value.field == "topology.azs" and 'azs = ["az-a", "az-b", "az-c"]' in str(exc.value)
 
 
 @pytest.mark.parametrize("azs, problem", [(["az-a", "az-a"], "twice"), (["a b"], "contains"),

@@ -8,6 +8,7 @@ from azprobe.config import Section
 from azprobe.consul import (ConsulSettings, TxnConflict, backoff_delay, make_client, next_index,
                             normalize_address, op_check_session, op_set, rate_limit_delay)
 from azprobe.errors import ConfigError
+from tests.helpers import write_secret
 
 
 @pytest.fixture(autouse=True)
@@ -65,18 +66,22 @@ def test_env_defaults_and_flag_precedence(monkeypatch):
 def test_token_sources_and_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("CONSUL_HTTP_TOKEN", "env-token")
     assert ConsulSettings.from_env().token == "env-token"
-    token_file = tmp_path / "token"
-    token_file.write_text("file-token\n")
+    token_file = write_secret(tmp_path / "token", "file-token\n")
     monkeypatch.setenv("CONSUL_HTTP_TOKEN_FILE", str(token_file))
     assert ConsulSettings.from_env().token == "file-token"  # a file beats a token, as in Consul
-    explicit = tmp_path / "explicit"
-    explicit.write_text("explicit-token")
+    explicit = write_secret(tmp_path / "explicit", "explicit-token")
     section = Section({"token_file": str(explicit)}, "consul")
     assert ConsulSettings.from_section(section).token == "explicit-token"
-    with pytest.raises(ConfigError, match=r"consul\.token_file: cannot read token file"):
+    with pytest.raises(ConfigError, match=r"consul\.token_file: cannot read .*missing"):
         ConsulSettings.from_section(Section({"token_file": str(tmp_path / "missing")}, "consul"))
-    (tmp_path / "empty").write_text("  \n")
-    with pytest.raises(ConfigError, match="CONSUL_HTTP_TOKEN_FILE: token file .* is empty"):
+    (tmp_path / "explicit").chmod(0o640)
+    with pytest.raises(ConfigError, match=r"^consul\.token_file: .*explicit has mode 0640: .*\(chmod 600 "):
+        ConsulSettings.from_section(section)
+    token_file.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"^CONSUL_HTTP_TOKEN_FILE: .*token has mode 0644: .*\(chmod 600 "):
+        ConsulSettings.from_env()
+    write_secret(tmp_path / "empty", "  \n")
+    with pytest.raises(ConfigError, match="CONSUL_HTTP_TOKEN_FILE: .*empty must hold one token"):
         monkeypatch.setenv("CONSUL_HTTP_TOKEN_FILE", str(tmp_path / "empty"))
         ConsulSettings.from_env()
 

@@ -25,6 +25,7 @@ from azprobe.contracts.windowcodec import (
     negotiate,
 )
 from azprobe.controller.collect import AgentTarget, Collector
+from tests.controller_harness import topology
 
 
 def _window(seq: int = 1, rtt: list[int] = (900, 1000, 150_000), **kw) -> Window:
@@ -124,7 +125,8 @@ def test_the_compact_form_keeps_the_window_contract(paths, field):
 
 
 def test_collector_counts_a_bad_compact_window_as_garbage_and_keeps_the_page():
-    collector = Collector(evaluation_window_s=1e9, pull_timeout_s=0.5, stale_after_s=3.0, clock=lambda: 1000.0)
+    collector = Collector(evaluation_window_s=1e9, pull_timeout_s=0.5, stale_after_s=3.0, clock=lambda: 1000.0,
+                          topology=topology())
     collector.set_targets([AgentTarget("http://agent-1")])
     cursor = collector.cursors["http://agent-1"]
     bad = list(GOOD)

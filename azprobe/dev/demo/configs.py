@@ -32,12 +32,14 @@ class ControllerPlan:
 
 
 def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, agent_urls: Sequence[str],
-                      interval_s: float = 1.0, evaluation_window_s: float = 3.0, lock_delay_s: float = 2.0,
-                      session_ttl_s: float = 10.0, heartbeat_s: float = 30.0, model: str = "default",
+                      azs: Sequence[str], interval_s: float = 1.0, evaluation_window_s: float = 3.0,
+                      lock_delay_s: float = 2.0, session_ttl_s: float = 10.0, heartbeat_s: float = 30.0,
+                      model: str = "default",
                       min_samples: int = 20, drain_dwell_s: float | None = None,
                       prometheus_url: str | None = None) -> str:
     """A controller config (docs/contracts.md "Controller config") with short intervals, so a drill runs in seconds.
-    drain_dwell_s None keeps the controller's default. prometheus_url: read the agents
+    `azs`: the lab's AZs, the controller's [topology]. drain_dwell_s None keeps the
+    controller's default. prometheus_url: read the agents
     through that Prometheus (agents.source = "prometheus") instead of pulling them."""
     safety: dict[str, Any] = {"min_samples": min_samples, "heartbeat_s": heartbeat_s}
     if drain_dwell_s is not None:
@@ -58,5 +60,6 @@ def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, age
         "agents": agents,
         "model": {"name": model},
         "safety": safety,
+        "topology": {"azs": list(azs)},
         **extra,
     })

@@ -315,7 +315,7 @@ def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: floa
         path = stack.work_dir / f"{drill.prefix.strip('/').replace('/', '-')}-{plan.name}.toml"
         path.write_text(controller_config(
             plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=list(stack.agent_urls.values()),
-            lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
+            azs=stack.azs, lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
             heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s, prometheus_url=prometheus_url))
         proc = ManagedProcess(plan.name, azprobe_argv("controller", "--config", str(path)),
                               path.with_suffix(".log"))

@@ -1,6 +1,22 @@
 """Consul's HTTP API over the devconsul server: same paths, query parameters, headers,
 status codes and plain-text error bodies as Consul's agent/*_endpoint.go, so py-consul
-(or curl) cannot tell the difference for the endpoints implemented here."""
+(or curl) cannot tell the difference for the endpoints implemented here.
+
+Limits, at Consul's defaults (tests trust devconsul to refuse what Consul refuses):
+- a txn body: at most max(txn_max_req_len, kv_max_value_size) = 512 KB, counted as it
+  arrives, so a chunked body (no Content-Length) is cut at the cap too, with Consul's
+  413 "Request body too large, max size: ..." (its http.MaxBytesReader);
+- a KV value (PUT /v1/kv, a txn op): kv_max_value_size, 512 KB. Consul checks a PUT's
+  Content-Length only; devconsul also counts a chunked value, with the same 413;
+- at most 128 operations per txn (Consul >= 1.14);
+- what a txn returns: Consul sets no bound (128 gets of 512 KB values answer ~90 MB).
+  devconsul bounds the Values of a txn's results at the same 512 KB as its request, so
+  a transaction moves at most 512 KB of values either way; the op whose results cross
+  it fails the transaction as any failing op does (409, Errors at its OpIndex, nothing
+  applied). One maximal value still reads in one txn; more take separate GETs;
+- connections per client IP: limits.http_max_conns_per_client (connlimit.py);
+- any other request body: BODY_MAX_BYTES, and every body within BODY_READ_TIMEOUT_S.
+"""
 
 from __future__ import annotations
 
@@ -28,13 +44,13 @@ from azprobe.dev.devconsul.store import (DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_
                                      StoreError)
 
 KV_MAX_VALUE_SIZE = MAX_VALUE_BYTES  # Consul's kv_max_value_size default (raft's suggested max)
-# room above the value limit, so an oversized value gets Consul's own 413 text
-MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024
+TXN_MAX_REQ_LEN = 512 * 1024  # Consul's txn_max_req_len default
+TXN_MAX_LEN = max(TXN_MAX_REQ_LEN, KV_MAX_VALUE_SIZE)  # Consul's rule for the txn body cap
+BODY_MAX_BYTES = 4 * 1024 * 1024  # every other request body (Consul sets none)
 MAX_TXN_OPS = 128
 LOCK_DELAY_MIN_THRESHOLD_NS = 1000  # Consul: lock delays below this are seconds, not ns
 MAX_LOCK_DELAY_NS = 60 * 1_000_000_000  # Consul's structs.MaxLockDelay: longer ones are clamped to it
 BODY_READ_TIMEOUT_S = 10.0  # a request body that has not arrived by then is a 408, not a parked handler
-DEFAULT_MAX_CONNS_PER_CLIENT = 200  # Consul's limits.http_max_conns_per_client
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +121,46 @@ def _parse_uint(text: str) -> int:
     return int(text)
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The request body, within BODY_READ_TIMEOUT_S: a client that sends headers and then
-    trickles (or never sends) its body must not hold a handler for ever."""
+def _body_too_large(limit: int, length: int | None = None, see: str = "") -> str:
+    """Consul's 413 text: with the Content-Length when the client sent one, without when
+    the body was cut while it arrived."""
+    size = f"({length} bytes)" if length is not None else ""
+    return f"Request body{size} too large, max size: {limit} bytes." + (
+        f" See https://developer.hashicorp.com/docs/agent/config/config-files#{see}." if see else "")
+
+
+async def _read_body(request: web.Request, limit: int = BODY_MAX_BYTES, see: str = "") -> bytes:
+    """The request body, at most `limit` bytes counted as they arrive (a chunked body has
+    no Content-Length to check first) and within BODY_READ_TIMEOUT_S: a client that
+    sends headers and then trickles (or never sends) its body must not hold a handler
+    for ever. Over the limit: 413 with Consul's text (`see`: its config-files anchor)."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise HTTPError(413, _body_too_large(limit, length, see))
+
+    async def bounded() -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, _body_too_large(limit, see=see))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     try:
-        return await asyncio.wait_for(request.read(), BODY_READ_TIMEOUT_S)
+        return await asyncio.wait_for(bounded(), BODY_READ_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise HTTPError(408, f"Request body not received within {BODY_READ_TIMEOUT_S:g}s") from None
 
 
-async def _json_body(request: web.Request, prefix: str = "Request decode failed") -> Any:
-    raw = await _read_body(request)
+async def _json_body(request: web.Request, prefix: str = "Request decode failed", limit: int = BODY_MAX_BYTES,
+                     see: str = "") -> Any:
+    raw = await _read_body(request, limit, see)
     if not raw.strip():
         return None
     try:
-        return bounded_json.loads(raw, max_bytes=MAX_REQUEST_BODY_BYTES, what="request body")
+        return bounded_json.loads(raw, max_bytes=limit, what="request body")
     except bounded_json.JsonRefused as exc:
         raise HTTPError(400, f"{prefix}: {exc}") from None
 
@@ -298,23 +339,13 @@ async def _kv_put(request: web.Request, key: str) -> web.StreamResponse:
         op, session = "lock", query["acquire"]
     if "release" in query:
         op, session = "unlock", query["release"]
-    length = request.content_length
-    if length is not None and length > KV_MAX_VALUE_SIZE:
-        raise HTTPError(413, _too_large(length))
-    value = await _read_body(request)
-    if len(value) > KV_MAX_VALUE_SIZE:
-        raise HTTPError(413, _too_large(len(value)))
+    value = await _read_body(request, KV_MAX_VALUE_SIZE, "kv_max_value_size")
     try:
         ok, commit = server.store.kv_apply(op, key, value, flags, cas, session, now=time.monotonic())
     except StoreError as exc:
         raise HTTPError(500, str(exc)) from None
     server.commit(commit)
     return _json(True if op == "set" else ok)
-
-
-def _too_large(length: int) -> str:
-    return (f"Request body({length} bytes) too large, max size: {KV_MAX_VALUE_SIZE} bytes. "
-            "See https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size.")
 
 
 async def _kv_delete(request: web.Request, key: str) -> web.StreamResponse:
@@ -369,9 +400,7 @@ async def txn_endpoint(request: web.Request) -> web.StreamResponse:
     _methods(request, "PUT")
     _check_dc(request)
     server = _server(request)
-    if request.content_length is not None and request.content_length > KV_MAX_VALUE_SIZE:
-        raise HTTPError(413, f"Request body too large, max size: {KV_MAX_VALUE_SIZE} bytes")
-    body = await _json_body(request, "Failed to parse body")
+    body = await _json_body(request, "Failed to parse body", TXN_MAX_LEN, "txn_max_req_len")
     if body is None:
         body = []
     if not isinstance(body, list):
@@ -397,7 +426,7 @@ async def txn_endpoint(request: web.Request) -> web.StreamResponse:
     read_headers = {"X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0"} if not writes else None
     if errors:
         return _json({"Results": None, "Errors": errors}, status=409, headers=read_headers)
-    outcome = server.store.txn(ops, now=time.monotonic())
+    outcome = server.store.txn(ops, now=time.monotonic(), max_result_bytes=TXN_MAX_LEN)
     server.commit(outcome.commit)
     if outcome.errors:
         return _json({"Results": None, "Errors": outcome.errors}, status=409, headers=read_headers)
@@ -740,38 +769,19 @@ async def devconsul_debug(request: web.Request) -> web.StreamResponse:
 
 # ------------------------------------------------------------------ app
 
-_IN_FLIGHT = web.AppKey("in_flight_by_client", dict)
-_MAX_PER_CLIENT = web.AppKey("max_conns_per_client", int)
-
-
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # Consul's limits.http_max_conns_per_client: one client IP may not hold more than this
-    # many requests at once (blocking queries hold theirs); beyond it, 429.
-    peer = request.remote or ""
-    in_flight = request.app[_IN_FLIGHT]
-    if in_flight.get(peer, 0) >= request.app[_MAX_PER_CLIENT]:
-        return _text(429, f"Too many connections from {peer}: limit {request.app[_MAX_PER_CLIENT]} per client\n")
-    in_flight[peer] = in_flight.get(peer, 0) + 1
     try:
         return await handler(request)
     except HTTPError as exc:
         return _text(exc.status, exc.reason, exc.headers)
     except web.HTTPNotFound:
         return _text(404, "404 page not found\n")
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _text(413, f"Request body too large: {exc.text}")
     except web.HTTPException:
         raise
     except Exception as exc:  # a bug: one line in the log and Consul's plain 500, never a traceback page
         log.error("%s %s failed: %s: %s", request.method, request.path, type(exc).__name__, exc)
         return _text(500, f"Internal error: {type(exc).__name__}\n")
-    finally:
-        left = in_flight[peer] - 1
-        if left:
-            in_flight[peer] = left
-        else:
-            del in_flight[peer]
 
 
 ROUTES: list[tuple[str, Handler]] = [
@@ -799,11 +809,9 @@ ROUTES: list[tuple[str, Handler]] = [
 ]
 
 
-def build_app(server: DevConsulServer, max_conns_per_client: int = DEFAULT_MAX_CONNS_PER_CLIENT) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_REQUEST_BODY_BYTES)
+def build_app(server: DevConsulServer) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=BODY_MAX_BYTES)
     app[SERVER_KEY] = server
-    app[_IN_FLIGHT] = {}
-    app[_MAX_PER_CLIENT] = max_conns_per_client
     app[_BODY_CACHE] = {}
     for path, handler in ROUTES:
         app.router.add_route("*", path, handler)

@@ -310,8 +310,10 @@ class Store:
 
     # ---------------------------------------------------------------- transactions
 
-    def txn(self, ops: list[dict[str, Any]], now: float = 0.0) -> TxnResult:
-        """Apply KV ops all-or-nothing. Each op: {"Verb","Key","Value"(bytes),"Flags","Index","Session"}."""
+    def txn(self, ops: list[dict[str, Any]], now: float = 0.0, max_result_bytes: int | None = None) -> TxnResult:
+        """Apply KV ops all-or-nothing. Each op: {"Verb","Key","Value"(bytes),"Flags","Index","Session"}.
+        `max_result_bytes`: the Values the results may carry in all; the op whose
+        results cross it fails the transaction (None: no bound)."""
         errors: list[dict[str, Any]] = []
         # lock-delay is checked before the apply, like Consul's txn preCheck
         for i, op in enumerate(ops):
@@ -321,9 +323,15 @@ class Store:
             return TxnResult(None, errors, None)
         idx = self._begin()
         results: list[dict[str, Entry]] = []
+        result_bytes = 0
         for i, op in enumerate(ops):
             try:
-                results.extend({"KV": e} for e in self._txn_op(idx, op))
+                entries = self._txn_op(idx, op)
+                result_bytes += sum(len(e["Value"] or b"") for e in entries)
+                if max_result_bytes is not None and result_bytes > max_result_bytes:
+                    raise StoreError(f"transaction results exceed {max_result_bytes} bytes of values: "
+                                     "read the keys in separate requests")
+                results.extend({"KV": e} for e in entries)
             except StoreError as exc:
                 self._rollback()
                 return TxnResult(None, [{"OpIndex": i, "What": str(exc)}], None)
