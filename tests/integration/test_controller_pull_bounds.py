@@ -156,7 +156,8 @@ def test_a_deeply_nested_page_is_one_failed_pull_and_the_others_are_pulled(body,
     honest = [FakeAgent(f"n{i}", "az-a", [PathSpec(dst="az-b", conn_attempts=10)]) for i in range(2)]
     with FakeAgentServer() as server:
         urls = [server.add("x", hostile)] + [server.add(f"h{i}", a) for i, a in enumerate(honest)]
-        collector = Collector(evaluation_window_s=30.0, pull_timeout_s=10.0, stale_after_s=5.0, concurrency=1)
+        collector = Collector(evaluation_window_s=30.0, pull_timeout_s=10.0, stale_after_s=5.0, concurrency=1,
+                              topology=topology())
         collector.set_targets(AgentTarget(u) for u in urls)
 
         async def scenario() -> None:
