@@ -7,6 +7,7 @@ import asyncio
 import copy
 import math
 import time
+from array import array
 
 import pytest
 
@@ -17,8 +18,8 @@ from azprobe.contracts.window import COUNTER_FIELDS
 from azprobe.controller.collect import AgentState
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import PrometheusCollector
-from azprobe.controller.prom_windows import (SERIES_NAMES, PromAnswerError, node_windows, parse_answer,
-                                             query_for)
+from azprobe.controller.prom_windows import (SERIES_NAMES, NodeSeries, PromAnswerError, Samples, node_windows,
+                                             parse_answer, query_for)
 from azprobe.errors import ConfigError
 from tests.fakeagent import PathSpec
 from tests.promagent import SyntheticAgent
@@ -281,3 +282,33 @@ def test_a_sample_missing_from_a_series_is_not_counted_twice_or_as_a_birth():
     per_window = [sum(p.conn_attempts for p in w.paths) for w in windows]
     assert sum(per_window) == sum(p.conn_attempts for w in agent.ring for p in w.paths)
     assert max(per_window) <= 2 * sum(p.conn_attempts for p in agent.ring[-1].paths)
+
+
+# --- windows: one pass, only inside the horizon ---------------------------------------
+def _node(info: list[float], counter: dict[float, float]) -> NodeSeries:
+    series = NodeSeries(node="n1", info={t: ("az-a", "boot") for t in info})
+    series.counters[("az-a", "az-b", "conn_attempts")] = Samples(array("d", counter), array("d", counter.values()))
+    return series
+
+
+def test_only_the_scrapes_inside_the_horizon_become_windows_counted_in_one_pass():
+    # 4000 scrapes; the counter has a sample at every other one, so each window's t0 is
+    # missing from it and counts from the sample before (what made the old delta rescan).
+    scrapes = [1000.0 + i for i in range(4000)]
+    series = _node(scrapes, {t: 7.0 * i for i, t in enumerate(scrapes) if i % 2})
+    read = node_windows(series, None, horizon_s=5.0)
+    assert [w.end for w in read.windows] == scrapes[-6:] and read.too_old == 3999 - 6
+    assert [sum(p.conn_attempts for p in w.paths) for w in read.windows] == [0, 14, 0, 14, 0, 14]
+    everything = node_windows(series, None)
+    assert [w.to_json() for w in everything.windows[-6:]] == [w.to_json() for w in read.windows]
+    assert len(everything.windows) == 3999
+    # Born at the second scrape (counted from 0), then 14 every other window.
+    assert sum(p.conn_attempts for w in everything.windows for p in w.paths) == 7 * 3999
+
+
+def test_a_sample_between_two_scrapes_does_not_move_the_windows_start():
+    # The sample at 1001.5 is no scrape of the node (its info sample is missing): the
+    # window (1001, 1002] still counts from the sample at 1001.
+    series = _node([1000.0, 1001.0, 1002.0], {1000.0: 10.0, 1001.0: 20.0, 1001.5: 25.0, 1002.0: 40.0})
+    counts = [sum(p.conn_attempts for p in w.paths) for w in node_windows(series, None).windows]
+    assert counts == [10, 20]
