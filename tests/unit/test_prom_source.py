@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import math
 import time
 from array import array
@@ -17,9 +18,9 @@ from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import COUNTER_FIELDS
 from azprobe.controller.collect import AgentState
 from azprobe.controller.config import parse_config
-from azprobe.controller.prom_source import PrometheusCollector
-from azprobe.controller.prom_windows import (SERIES_NAMES, NodeSeries, PromAnswerError, Samples, node_windows,
-                                             parse_answer, query_for)
+from azprobe.controller.prom_source import AnswerStream, PrometheusCollector
+from azprobe.controller.prom_windows import (MAX_SERIES_CHARS, SERIES_NAMES, NodeSeries, PromAnswerError,
+                                             PromAnswerTooLarge, Samples, node_windows, parse_answer, query_for)
 from azprobe.errors import ConfigError
 from tests.fakeagent import PathSpec
 from tests.promagent import SyntheticAgent
@@ -282,6 +283,68 @@ def test_a_sample_missing_from_a_series_is_not_counted_twice_or_as_a_birth():
     per_window = [sum(p.conn_attempts for p in w.paths) for w in windows]
     assert sum(per_window) == sum(p.conn_attempts for w in agent.ring for p in w.paths)
     assert max(per_window) <= 2 * sum(p.conn_attempts for p in agent.ring[-1].paths)
+
+
+# --- the answer as it streams in ------------------------------------------------------
+def _stream(body: bytes, piece: int, max_series: int = 10_000):
+    stream = AnswerStream(max_series)
+    for i in range(0, len(body), piece):
+        stream.feed(body[i:i + piece])
+    return stream.close()
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1000, 1 << 20])
+def test_the_stream_reads_what_json_loads_reads_wherever_the_body_is_cut(piece):
+    _, doc = scraped_agent(ticks=3)
+    for entry in doc["data"]["result"]:
+        entry["metric"]["job"] = "zoné ✓"  # multi-byte UTF-8, cut anywhere
+    doc = {"status": "success", "warnings": ["a", {"b": [1.5e3, None, True]}], "n": -12.5e-3,
+           "data": {"extra": {"x": []}, **doc["data"]}}
+    body = json.dumps(doc, ensure_ascii=False, indent=1).encode()
+    got, want = _stream(body, piece), parse_answer(json.loads(body), max_series=10_000)
+    assert got.garbage_series == want.garbage_series == 0 and got.newest == want.newest == 1003.0
+    assert got.nodes.keys() == want.nodes.keys() and len(got.nodes) == 1
+    for key in want.nodes:
+        windows = node_windows(got.nodes[key], None).windows
+        assert [w.to_json() for w in windows] == [w.to_json() for w in node_windows(want.nodes[key], None).windows]
+        assert len(windows) == 3
+
+
+def test_the_stream_refuses_the_series_past_max_series_before_the_answer_ends():
+    _, doc = scraped_agent(ticks=1)
+    body = json.dumps(doc).encode()
+    cut = body[:body.rindex(b"]")]  # every series, the answer not finished
+    stream = AnswerStream(max_series=5)
+    with pytest.raises(PromAnswerTooLarge, match="max_series"):
+        stream.feed(cut)
+
+
+def test_the_stream_refuses_a_series_over_its_bound_before_it_ends():
+    stream = AnswerStream(max_series=10)
+    stream.feed(b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[')
+    fed = 0
+    with pytest.raises(PromAnswerTooLarge, match="characters"):
+        while fed <= 2 * MAX_SERIES_CHARS:
+            stream.feed(b'[1000.5,"1"],' * 1000)
+            fed += 13_000
+    assert fed <= MAX_SERIES_CHARS + 13_000
+
+
+@pytest.mark.parametrize("body,error", [
+    (b"<html>proxy error</html>", "not JSON"),
+    (b'{"status":"error","errorType":"bad_data","error":"parse error"}', "query failed: parse error"),
+    (b'{"status":"success","data":{"resultType":"vector","result":[]}}', "data: expected"),
+    (b'{"status":"success","data":[1,2]}', "data: expected"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[', "ends early"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[]}} x', "extra data"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[{"a":1 x}]}}', "not JSON"),
+    (b'{"status":"success","n":12x,"data":{"resultType":"matrix","result":[]}}', "not JSON"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[]},"s":"\xff"}', "utf-8"),
+    (b'{7:1}', "not JSON"),
+])
+def test_the_stream_says_what_is_wrong_with_a_broken_answer(body, error):
+    with pytest.raises(ValueError, match=error):
+        _stream(body, 3)
 
 
 # --- windows: one pass, only inside the horizon ---------------------------------------
