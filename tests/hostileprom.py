@@ -4,7 +4,7 @@
 - `honest`: the last two scrapes of a small healthy fleet (SyntheticAgents, three AZs);
 - `bomb`: the same, plus a series bomb: BOMB_NODES nodes whose info series hold
   MAX_SAMPLES_PER_SERIES scrapes and whose counters have a sample at every other scrape
-  (so every window's t0 is missing from them), ~20 MB of valid samples in 400 series;
+  (so every window's t0 is missing from them), ~21 MB of valid samples in 400 series;
 - `flood`: the honest fleet, then tiny series until `flood_bytes`, streamed piece by
   piece as the client reads (never held whole, in the server either), for answers over
   max_response_bytes or max_series;

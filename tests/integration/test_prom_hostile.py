@@ -1,6 +1,6 @@
 """The Prometheus source against a hostile Prometheus over real sockets (tests.hostileprom):
 an answer over max_response_bytes or max_series is refused while it streams in, not
-after reading it; and a real controller reading a series bomb (400 series, ~20 MB per
+after reading it; and a real controller reading a series bomb (400 series, ~21 MB per
 answer, every window's t0 missing from the counters) keeps its event loop, its Consul
 session and its weights writes going."""
 
