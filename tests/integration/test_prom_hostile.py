@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from azprobe.consul import ConsulSettings, make_client
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import PrometheusCollector
@@ -52,6 +54,7 @@ def test_an_answer_over_the_bounds_is_refused_while_it_streams_in():
     assert sent[0] < FLOOD_BYTES // 2 and sent[1] < FLOOD_BYTES // 2, sent
 
 
+@pytest.mark.slow
 def test_a_series_bomb_does_not_stall_the_leader(tmp_path, devconsul):
     with HostilePrometheus() as prom:
         config = controller_config("ctl", devconsul.url, [], interval_s=1.0, evaluation_window_s=5.0)
