@@ -112,6 +112,7 @@ class CollectCounters:
     agent_restarts: int = 0
     pull_errors: int = 0
     pull_timeouts: int = 0
+    pull_overruns: int = 0  # a cycle found the previous answer still being read: it waited, sent nothing
 
 
 @dataclass(frozen=True)

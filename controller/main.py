@@ -1,14 +1,16 @@
 """`azprobe controller --config FILE`: windows in, fenced weights out.
 
-Two loops on one asyncio event loop:
-- the cycle (every interval_s): pull all agents -> merge the evaluation window ->
-  spike detector -> quorum + safety rules (controller/decide.py, one SafetyState per
-  view: the global view and each weights/from/<src AZ>) -> the views to publish. It
-  runs on every controller, leader or not, so a standby that takes over starts warm.
-- the Consul tick (every interval_s, in a worker thread because py-consul blocks):
-  keep the session, try the lock, read the operator controls, and - as leader - publish
-  the latest views in one fenced transaction. A slow or absent Consul delays only this
-  loop, never the pulls.
+Two loops, each on its own grid of interval_s:
+- the cycle, on the asyncio event loop (with /metrics and /healthz): pull all agents ->
+  merge the evaluation window -> spike detector -> quorum + safety rules
+  (controller/decide.py, one SafetyState per view: the global view and each
+  weights/from/<src AZ>) -> the views to publish. It runs on every controller, leader or
+  not, so a standby that takes over starts warm.
+- the Consul tick, in a thread of its own (py-consul blocks): keep the session, try the
+  lock, read the operator controls, and - as leader - publish the latest views in one
+  fenced transaction. A slow or absent Consul delays only this loop, never the pulls; and
+  since it is not scheduled by the event loop, a cycle that runs long (a large answer
+  from a source, a garbage collection) never delays the session's renewal or a write.
 
 Logging is one line per state change: became leader / stepped down, Consul lost /
 regained, a zone changing state (with its first reason). Never per cycle, never the token.
@@ -21,6 +23,7 @@ import gc
 import logging
 import math
 import signal
+import threading
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
@@ -75,10 +78,12 @@ class Controller:
         self.collector: Collector | PrometheusCollector
         topology = Topology(config.topology)
         if config.prometheus is not None:  # agents.source = "prometheus" (docs/prometheus.md)
+            # A cycle waits for Prometheus's answer most of an interval; a slower one is
+            # ingested by a later cycle, so the cycle keeps its pace.
             self.collector = PrometheusCollector(config.prometheus, evaluation_window_s=c.evaluation_window_s,
                                                  stale_after_s=config.safety.stale_after_s,
                                                  slot_s=min(c.interval_s, c.evaluation_window_s / 5),
-                                                 topology=topology)
+                                                 topology=topology, cycle_budget_s=c.interval_s * 0.8)
         else:
             self.collector = Collector(evaluation_window_s=c.evaluation_window_s,
                                        pull_timeout_s=config.agents.pull_timeout_s,
@@ -365,16 +370,18 @@ class Controller:
             await self.cycle()
             notifier.tick()
 
+        consul_stop = threading.Event()
+        consul_loop = threading.Thread(target=self._consul_every, args=(consul_stop,), name="consul", daemon=True)
+        consul_loop.start()
         try:
-            await asyncio.gather(self._every(stop, cycle_then_ping), self._every(stop, self._consul_round))
+            await self._every(stop, cycle_then_ping)
         finally:
+            consul_stop.set()
+            await asyncio.to_thread(consul_loop.join)
             notifier.stopping()
             await asyncio.to_thread(self.election.release)
             await self.collector.close()
             await runner.cleanup()
-
-    async def _consul_round(self) -> None:
-        await asyncio.to_thread(self.consul_tick)
 
     async def _every(self, stop: asyncio.Event, step: Any) -> None:
         interval = self.config.controller.interval_s
@@ -390,6 +397,18 @@ class Controller:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
             except asyncio.TimeoutError:
                 pass
+
+    def _consul_every(self, stop: threading.Event) -> None:
+        """The Consul loop (its own thread): consul_tick on the same grid as the cycle."""
+        interval = self.config.controller.interval_s
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.consul_tick()
+            except Exception:  # a bug in one round must not kill the daemon
+                log.exception("consul round failed")
+            next_at = next_tick(next_at, time.monotonic(), interval)
+            stop.wait(max(0.0, next_at - time.monotonic()))
 
 
 def next_tick(previous: float, now: float, interval: float) -> float:

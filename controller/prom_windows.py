@@ -10,13 +10,18 @@ decision path (merge, per-node quorum, safety) already consumes from the direct 
 Everything from the network is bounded here: series count, samples per series, label
 lengths, AZ names per node, timestamps and values. A series that breaks a rule is
 skipped and counted as garbage; a node whose windows break the window contract loses
-those windows (each is checked by `parse_window`, the one validator). Pure code.
+those windows (each is checked by `parse_window`, the one validator). The work is
+linear in the samples read: each series is walked once, in timestamp order, and only the
+scrapes inside the evaluation window become windows. Pure code.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from azprobe.contracts import prom
@@ -27,6 +32,9 @@ MAX_LABEL_LEN = 253
 MAX_SAMPLES_PER_SERIES = 4000  # a lookback of an hour at 1 s scrapes
 MAX_TIMESTAMP = 1e11
 MAX_LABELS = 32
+# One series of an answer, as JSON text: MAX_SAMPLES_PER_SERIES samples of at most 64
+# characters (a timestamp, a 40-character value, the brackets) and MAX_LABELS labels.
+MAX_SERIES_CHARS = MAX_SAMPLES_PER_SERIES * 64 + MAX_LABELS * 512
 _SERIES_OWN_LABELS = {"__name__", "le", prom.LABEL_UPPER, prom.LABEL_NODE, prom.LABEL_SRC, prom.LABEL_DST,
                       prom.LABEL_AZ, prom.LABEL_BOOT_ID}
 
@@ -52,7 +60,17 @@ def query_for(range_s: float, selector: str = "") -> str:
     return f'{{__name__=~"{names}"{extra}}}[{max(1000, int(math.ceil(range_s * 1000)))}ms]'
 
 
-Samples = dict[float, float]  # timestamp (s) -> value
+@dataclass(slots=True)
+class Samples:
+    """One series' samples, timestamps strictly increasing: two float arrays (16 bytes a
+    sample; a dict of floats is ~100)."""
+
+    times: array = field(default_factory=lambda: array("d"))  # s
+    values: array = field(default_factory=lambda: array("d"))
+
+    def at(self, t: float, default: float) -> float:
+        i = bisect_left(self.times, t)
+        return self.values[i] if i < len(self.times) and self.times[i] == t else default
 
 
 @dataclass
@@ -63,9 +81,9 @@ class NodeSeries:
     info: dict[float, tuple[str, str]] = field(default_factory=dict)  # t -> (az, boot_id)
     counters: dict[tuple[str, str, str], Samples] = field(default_factory=dict)  # (src, dst, field)
     buckets: dict[tuple[str, str, str, float], Samples] = field(default_factory=dict)  # (.., upper µs)
-    cpu: Samples = field(default_factory=dict)
-    mem: Samples = field(default_factory=dict)
-    lost: Samples = field(default_factory=dict)
+    cpu: Samples = field(default_factory=Samples)
+    mem: Samples = field(default_factory=Samples)
+    lost: Samples = field(default_factory=Samples)
     azs: set[str] = field(default_factory=set)
     count: int = 0  # series read
 
@@ -85,10 +103,12 @@ def _label(labels: Mapping, key: str) -> str | None:
 
 
 def _samples(values: object) -> Samples | None:
-    """[[ts, "value"], ...] -> {ts: value}; None when any sample breaks a bound."""
+    """[[ts, "value"], ...] -> Samples (timestamps to the ms); None when any sample breaks
+    a bound."""
     if not isinstance(values, list) or len(values) > MAX_SAMPLES_PER_SERIES:
         return None
-    out: Samples = {}
+    out = Samples()
+    times, vals = out.times, out.values
     last = -math.inf
     for pair in values:
         if not isinstance(pair, list) or len(pair) != 2:
@@ -100,40 +120,67 @@ def _samples(values: object) -> Samples | None:
             value = float(raw)
         except ValueError:
             return None
-        ts = float(ts)
+        ts = round(float(ts), 3)
         if not (0 < ts < MAX_TIMESTAMP) or ts <= last or not math.isfinite(value) or not 0 <= value <= MAX_COUNT:
             return None
         last = ts
-        out[round(ts, 3)] = value
+        times.append(ts)
+        vals.append(value)
     return out
 
 
 def parse_answer(doc: object, *, max_series: int) -> ParsedAnswer:
-    """Validate a /api/v1/query answer to `query_for(...)` and group it by scrape target.
-    One node, one vantage point: when several targets carry the same `node` label, the
-    first by target labels is kept and the others' series count as garbage."""
+    """Validate a /api/v1/query answer to `query_for(...)`, already decoded, and group it
+    by scrape target (prom_source reads it as it streams in, through AnswerBuilder)."""
+    result = check_envelope(doc)
+    if len(result) > max_series:
+        raise PromAnswerTooLarge(f"{len(result)} series, more than prometheus.max_series {max_series}")
+    builder = AnswerBuilder(max_series)
+    for entry in result:
+        builder.add(entry)
+    return builder.finish()
+
+
+def check_envelope(doc: object) -> list:
+    """The answer around the series: a success with a matrix result; returns the result."""
     if not isinstance(doc, dict) or doc.get("status") != "success":
         error = doc.get("error") if isinstance(doc, dict) else None
         raise PromAnswerError(f"query failed: {str(error)[:200] if error else 'status is not success'}")
     data = doc.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
         raise PromAnswerError("data: expected {resultType: matrix, result: [...]}")
-    result = data["result"]
-    if len(result) > max_series:
-        raise PromAnswerTooLarge(f"{len(result)} series, more than prometheus.max_series {max_series}")
-    answer = ParsedAnswer(nodes={})
-    for entry in result:
-        if not _add_series(answer, entry):
-            answer.garbage_series += 1
-    claimed: set[str] = set()
-    for key in sorted(answer.nodes):
-        series = answer.nodes[key]
-        if series.node in claimed:
-            del answer.nodes[key]
-            answer.garbage_series += series.count
-        claimed.add(series.node)
-    answer.newest = max((max(n.info) for n in answer.nodes.values() if n.info), default=None)
-    return answer
+    return data["result"]
+
+
+class AnswerBuilder:
+    """The series of one answer, added one at a time as they are decoded; the answer is
+    refused at the series past max_series, so an oversized result is never held whole.
+    One node, one vantage point: when several targets carry the same `node` label, the
+    first by target labels is kept and the others' series count as garbage."""
+
+    def __init__(self, max_series: int) -> None:
+        self.max_series = max_series
+        self.series = 0
+        self._answer = ParsedAnswer(nodes={})
+
+    def add(self, entry: object) -> None:
+        self.series += 1
+        if self.series > self.max_series:
+            raise PromAnswerTooLarge(f"more than prometheus.max_series {self.max_series} series")
+        if not _add_series(self._answer, entry):
+            self._answer.garbage_series += 1
+
+    def finish(self) -> ParsedAnswer:
+        answer = self._answer
+        claimed: set[str] = set()
+        for key in sorted(answer.nodes):
+            series = answer.nodes[key]
+            if series.node in claimed:
+                del answer.nodes[key]
+                answer.garbage_series += series.count
+            claimed.add(series.node)
+        answer.newest = max((max(n.info) for n in answer.nodes.values() if n.info), default=None)
+        return answer
 
 
 def _add_series(answer: ParsedAnswer, entry: object) -> bool:
@@ -150,7 +197,7 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
     # so two targets claiming one node (two jobs, unmerged HA replicas) never mix samples.
     target = sorted((k, v) for k, v in labels.items() if k not in _SERIES_OWN_LABELS)
     samples = _samples(entry.get("values"))
-    if not samples:
+    if samples is None or not samples.times:
         return False
     key = "/".join(f"{k}={v}" for k, v in target) + f"/{node_name}"
     node = answer.nodes.get(key)
@@ -161,12 +208,19 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
         az, boot_id = _label(labels, prom.LABEL_AZ), _label(labels, prom.LABEL_BOOT_ID)
         if az is None or boot_id is None:
             return False
-        for ts in samples:
-            node.info[ts] = (az, boot_id)
+        identity = (az, boot_id)
+        for ts in samples.times:
+            node.info[ts] = identity
         return True
-    if name in (prom.CPU_SERIES, prom.MEM_SERIES, prom.LOST_SERIES):
-        gauge = {prom.CPU_SERIES: node.cpu, prom.MEM_SERIES: node.mem, prom.LOST_SERIES: node.lost}[name]
-        gauge.update(samples)
+    # One series per kind and node; a repeated one replaces the earlier (as for paths).
+    if name == prom.CPU_SERIES:
+        node.cpu = samples
+        return True
+    if name == prom.MEM_SERIES:
+        node.mem = samples
+        return True
+    if name == prom.LOST_SERIES:
+        node.lost = samples
         return True
     src, dst = _label(labels, prom.LABEL_SRC), _label(labels, prom.LABEL_DST)
     if src is None or dst is None:
@@ -185,21 +239,28 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
     return True
 
 
-def _delta(samples: Samples, t0: float, t1: float, restarted: bool) -> int:
-    """The counter's increase over (t0, t1]: a series born after t0 counts from 0, a value
-    below the previous one (or a new boot) means the counter restarted from 0."""
-    if t1 not in samples:
-        return 0
-    v1 = samples[t1]
-    v0 = samples.get(t0)
-    if v0 is None:
-        # Absent from the scrape at t0: born since, unless an earlier sample says it
-        # existed (a sample missing from the answer): then count from that one.
-        earlier = [t for t in samples if t < t1]
-        v0 = samples[max(earlier)] if earlier else 0.0
-    if restarted or v1 < v0:
-        return int(round(v1))
-    return int(round(v1 - v0))
+def _deltas(samples: Samples, scrapes: list[float], index: Mapping[float, int], first: int,
+            restarted: list[bool]) -> Iterator[tuple[int, int]]:
+    """(i, n) for each scrape pair (scrapes[i-1], scrapes[i]], i >= first, over which the
+    counter rose by n > 0, in one pass over the series from just before scrapes[first-1].
+    A series born after t0 counts from 0; absent from the scrape at t0 but seen earlier (a
+    sample missing from the answer), it counts from that earlier sample; a value below
+    the previous one (or a new boot) means the counter restarted from 0."""
+    times, values = samples.times, samples.values
+    j = bisect_left(times, scrapes[first - 1])
+    previous = values[j - 1] if j else None  # the newest sample before the one at hand
+    at_scrape, at_value = -2, 0.0  # the newest sample taken at a scrape: its index, its value
+    for j in range(j, len(times)):
+        v1 = values[j]
+        i = index.get(times[j])
+        if i is not None:
+            if i >= first:
+                v0 = at_value if at_scrape == i - 1 else (previous if previous is not None else 0.0)
+                n = round(v1) if restarted[i] or v1 < v0 else round(v1 - v0)
+                if n:
+                    yield i, n
+            at_scrape, at_value = i, v1
+        previous = v1
 
 
 @dataclass
@@ -208,32 +269,73 @@ class NodeRead:
     garbage: int  # scrape pairs dropped as garbage
     newest: float | None  # the newest scrape read: the node's next cursor
     gap: bool  # the scrape at the cursor is not in the answer: counts since it are lost
+    too_old: int = 0  # scrape pairs ending more than horizon_s before the node's newest scrape
 
 
-def node_windows(series: NodeSeries, after: float | None) -> NodeRead:
+def node_windows(series: NodeSeries, after: float | None, horizon_s: float = math.inf,
+                 deadline: float = math.inf) -> NodeRead:
     """Windows for each pair of consecutive scrapes (t0, t1] with t1 > `after` (the
-    node's cursor). The node's scrapes are the samples of its info series (present in
-    every scrape)."""
+    node's cursor) and t1 at most `horizon_s` before the node's newest scrape (older ones
+    are only counted: the store would not keep them). The node's scrapes are the samples
+    of its info series (present in every scrape). Past `deadline` (time.monotonic()),
+    TimeoutError."""
     scrapes = sorted(series.info)
-    windows: list[Window] = []
     garbage = 0
     newest = after
     gap = after is not None and bool(scrapes) and scrapes[-1] > after and after not in series.info
-    if scrapes and (after is None or scrapes[-1] > after):
-        newest = scrapes[-1]  # a lone first scrape still sets the cursor: the next delta starts there
-    for t0, t1 in zip(scrapes, scrapes[1:]):
-        if after is not None and t1 <= after:
-            continue
+    if not scrapes or (after is not None and scrapes[-1] <= after):
+        return NodeRead([], 0, newest, gap)
+    newest = scrapes[-1]  # a lone first scrape still sets the cursor: the next delta starts there
+    first = max(1, bisect_right(scrapes, after) if after is not None else 1)
+    recent = max(first, bisect_left(scrapes, newest - horizon_s))
+    while recent > first and newest - scrapes[recent - 1] <= horizon_s:
+        recent -= 1
+    while recent < len(scrapes) and newest - scrapes[recent] > horizon_s:
+        recent += 1
+    too_old = recent - first
+    if recent >= len(scrapes):
+        return NodeRead([], 0, newest, gap, too_old)
+    index = {t: i for i, t in enumerate(scrapes)}
+    restarted = [False] + [series.info[t0][1] != series.info[t1][1] for t0, t1 in zip(scrapes, scrapes[1:])]
+    counters: dict[int, list[tuple[tuple[str, str, str], int]]] = {}
+    for key, samples in series.counters.items():
+        for i, n in _deltas(samples, scrapes, index, recent, restarted):
+            counters.setdefault(i, []).append((key, n))
+        _check(deadline)
+    buckets: dict[int, list[tuple[tuple[str, str, str, float], int]]] = {}
+    for key4, samples in series.buckets.items():
+        for i, n in _deltas(samples, scrapes, index, recent, restarted):
+            buckets.setdefault(i, []).append((key4, n))
+        _check(deadline)
+    lost = dict(_deltas(series.lost, scrapes, index, recent, restarted))
+    windows: list[Window] = []
+    for i in range(recent, len(scrapes)):
+        t0, t1 = scrapes[i - 1], scrapes[i]
         az, boot_id = series.info[t1]
-        restarted = series.info[t0][1] != boot_id
+        util = Utilisation(cpu=series.cpu.at(t1, 0.0), mem=series.mem.at(t1, 0.0))
         try:
-            windows.append(_window(series, t0, t1, az, boot_id, restarted))
+            windows.append(_window(series.node, t0, t1, az, boot_id, util, counters.get(i, ()), buckets.get(i, ()),
+                                   lost.get(i, 0)))
         except WindowError:
             garbage += 1
-    return NodeRead(windows, garbage, newest, gap)
+        _check(deadline)
+    return NodeRead(windows, garbage, newest, gap, too_old)
 
 
-def _window(series: NodeSeries, t0: float, t1: float, az: str, boot_id: str, restarted: bool) -> Window:
+def answer_windows(answer: ParsedAnswer, cursors: Mapping[str, float | None], horizon_s: float,
+                   deadline: float = math.inf) -> dict[str, NodeRead]:
+    """node_windows for every node of the answer, from its cursor (absent: None)."""
+    return {key: node_windows(series, cursors.get(key), horizon_s, deadline) for key, series in answer.nodes.items()}
+
+
+def _check(deadline: float) -> None:
+    if deadline != math.inf and time.monotonic() > deadline:
+        raise TimeoutError("turning the answer into windows took too long")
+
+
+def _window(node: str, t0: float, t1: float, az: str, boot_id: str, util: Utilisation,
+            counters: Iterable[tuple[tuple[str, str, str], int]],
+            buckets: Iterable[tuple[tuple[str, str, str, float], int]], lost: int) -> Window:
     paths: dict[tuple[str, str], PathStats] = {}
 
     def path(src: str, dst: str) -> PathStats:
@@ -242,20 +344,14 @@ def _window(series: NodeSeries, t0: float, t1: float, az: str, boot_id: str, res
             p = paths[(src, dst)] = PathStats(src=src, dst=dst)
         return p
 
-    for (src, dst, name), samples in series.counters.items():
-        n = _delta(samples, t0, t1, restarted)
-        if n:
-            setattr(path(src, dst), name, n)
+    for (src, dst, name), n in counters:
+        setattr(path(src, dst), name, n)
     per_bucket: dict[tuple[str, str, str], dict[float, int]] = {}
-    for (src, dst, name, bound), samples in series.buckets.items():
-        n = _delta(samples, t0, t1, restarted)
-        if n:
-            per_bucket.setdefault((src, dst, name), {})[bound] = n
+    for (src, dst, name, bound), n in buckets:
+        per_bucket.setdefault((src, dst, name), {})[bound] = n
     for (src, dst, name), by_bound in per_bucket.items():
         setattr(path(src, dst), name, prom.histogram_from_deltas(by_bound))
-    lost = _delta(series.lost, t0, t1, restarted)
-    util = Utilisation(cpu=series.cpu.get(t1, 0.0), mem=series.mem.get(t1, 0.0))
-    window = Window(node=series.node, az=az, boot_id=boot_id, seq=int(round(t1 * 1000)), start=t0, end=t1,
+    window = Window(node=node, az=az, boot_id=boot_id, seq=int(round(t1 * 1000)), start=t0, end=t1,
                     util=util, paths=sorted((p for p in paths.values() if _active(p)), key=lambda p: (p.src, p.dst)),
                     lost_events=lost)
     return parse_window(window.to_json())  # the one validator: a hostile answer fails here, not later

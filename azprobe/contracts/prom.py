@@ -202,6 +202,8 @@ _TOTALS_HELP: dict[str, dict[str, str]] = {
         "agent_restarts": "Agent restarts seen (a new boot_id)",
         "pull_errors": "Reads of an agent (or of Prometheus) that failed: refused, HTTP error, bad body",
         "pull_timeouts": "Reads of an agent (or of Prometheus) that timed out",
+        "pull_overruns": "Prometheus source cycles that found the previous query still being read, so sent no "
+                         "second one",
     },
     KV_PREFIX: {
         "writes": "Weights transactions this controller committed to Consul",

@@ -77,8 +77,8 @@ def _collector(port: int, name: str) -> PrometheusCollector:
 
 
 @pytest.mark.parametrize("name,why", [("big", "max_response_bytes"), ("stream", "max_response_bytes"),
-                                      ("slow", "timeout"), ("html", "Expecting value"), ("400", "parse error"),
-                                      ("nested", "nested too deeply"), ("escapes", "HTTP 503: upstream down")])
+                                      ("slow", "timeout"), ("html", "not JSON"), ("400", "parse error"),
+                                      ("nested", "not JSON"), ("escapes", "HTTP 503: upstream down")])
 def test_a_hostile_answer_is_one_failed_cycle(name, why):
     first, result, bad = _one_bad_cycle(name)
     assert first.ingested == 3 and first.failed == 0
@@ -125,3 +125,45 @@ def _one_bad_cycle(name: str) -> tuple:
             await runner.cleanup()
 
     return asyncio.run(run())
+
+
+def test_a_slow_answer_is_waited_on_by_the_next_cycles_never_asked_twice():
+    """A cycle waits at most cycle_budget_s for the answer; the next cycles wait on the
+    same query (counted as overruns) instead of sending another, and the one that sees
+    it finish ingests it."""
+    queries = []
+
+    async def slow_once(_: web.Request) -> web.Response:
+        queries.append(1)
+        await asyncio.sleep(1.0)
+        return web.Response(body=GOOD_BODY, content_type="application/json")
+
+    async def run() -> tuple:
+        app = web.Application()
+        app.router.add_get("/api/v1/query", slow_once)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
+                               "prometheus": {"url": f"http://127.0.0.1:{port}", "query_timeout_s": 10.0},
+                               "topology": {"azs": ["az-a", "az-b", "az-c"]}})
+        collector = PrometheusCollector(config.prometheus, evaluation_window_s=1e9, stale_after_s=5.0,
+                                        cycle_budget_s=0.05, topology=topology())
+        try:
+            results = [await collector.pull_all()]
+            deadline = asyncio.get_running_loop().time() + 10
+            while not results[-1].ingested and asyncio.get_running_loop().time() < deadline:
+                results.append(await collector.pull_all())
+            return results, collector
+        finally:
+            await collector.close()
+            await runner.cleanup()
+
+    results, collector = asyncio.run(run())
+    assert results[0].ingested == 0 and results[0].failed == 0  # not an error: still coming
+    assert results[-1].ingested == 3 and len(results) >= 2
+    assert len(queries) == 1  # never a second query while the first was in flight
+    assert collector.counters.pull_overruns == len(results) - 1
+    assert collector.counters.pull_errors == collector.counters.pull_timeouts == 0

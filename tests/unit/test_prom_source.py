@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import math
 import time
+from array import array
 
 import pytest
 
@@ -16,9 +18,9 @@ from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import COUNTER_FIELDS
 from azprobe.controller.collect import AgentState
 from azprobe.controller.config import parse_config
-from azprobe.controller.prom_source import PrometheusCollector
-from azprobe.controller.prom_windows import (SERIES_NAMES, PromAnswerError, node_windows, parse_answer,
-                                             query_for)
+from azprobe.controller.prom_source import AnswerStream, PrometheusCollector
+from azprobe.controller.prom_windows import (MAX_SERIES_CHARS, SERIES_NAMES, NodeSeries, PromAnswerError,
+                                             PromAnswerTooLarge, Samples, node_windows, parse_answer, query_for)
 from azprobe.errors import ConfigError
 from tests.controller_harness import topology
 from tests.fakeagent import PathSpec
@@ -282,3 +284,95 @@ def test_a_sample_missing_from_a_series_is_not_counted_twice_or_as_a_birth():
     per_window = [sum(p.conn_attempts for p in w.paths) for w in windows]
     assert sum(per_window) == sum(p.conn_attempts for w in agent.ring for p in w.paths)
     assert max(per_window) <= 2 * sum(p.conn_attempts for p in agent.ring[-1].paths)
+
+
+# --- the answer as it streams in ------------------------------------------------------
+def _stream(body: bytes, piece: int, max_series: int = 10_000):
+    stream = AnswerStream(max_series)
+    for i in range(0, len(body), piece):
+        stream.feed(body[i:i + piece])
+    return stream.close()
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1000, 1 << 20])
+def test_the_stream_reads_what_json_loads_reads_wherever_the_body_is_cut(piece):
+    _, doc = scraped_agent(ticks=3)
+    for entry in doc["data"]["result"]:
+        entry["metric"]["job"] = "zoné ✓"  # multi-byte UTF-8, cut anywhere
+    doc = {"status": "success", "warnings": ["a", {"b": [1.5e3, None, True]}], "n": -12.5e-3,
+           "data": {"extra": {"x": []}, **doc["data"]}}
+    body = json.dumps(doc, ensure_ascii=False, indent=1).encode()
+    got, want = _stream(body, piece), parse_answer(json.loads(body), max_series=10_000)
+    assert got.garbage_series == want.garbage_series == 0 and got.newest == want.newest == 1003.0
+    assert got.nodes.keys() == want.nodes.keys() and len(got.nodes) == 1
+    for key in want.nodes:
+        windows = node_windows(got.nodes[key], None).windows
+        assert [w.to_json() for w in windows] == [w.to_json() for w in node_windows(want.nodes[key], None).windows]
+        assert len(windows) == 3
+
+
+def test_the_stream_refuses_the_series_past_max_series_before_the_answer_ends():
+    _, doc = scraped_agent(ticks=1)
+    body = json.dumps(doc).encode()
+    cut = body[:body.rindex(b"]")]  # every series, the answer not finished
+    stream = AnswerStream(max_series=5)
+    with pytest.raises(PromAnswerTooLarge, match="max_series"):
+        stream.feed(cut)
+
+
+def test_the_stream_refuses_a_series_over_its_bound_before_it_ends():
+    stream = AnswerStream(max_series=10)
+    stream.feed(b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[')
+    fed = 0
+    with pytest.raises(PromAnswerTooLarge, match="characters"):
+        while fed <= 2 * MAX_SERIES_CHARS:
+            stream.feed(b'[1000.5,"1"],' * 1000)
+            fed += 13_000
+    assert fed <= MAX_SERIES_CHARS + 13_000
+
+
+@pytest.mark.parametrize("body,error", [
+    (b"<html>proxy error</html>", "not JSON"),
+    (b'{"status":"error","errorType":"bad_data","error":"parse error"}', "query failed: parse error"),
+    (b'{"status":"success","data":{"resultType":"vector","result":[]}}', "data: expected"),
+    (b'{"status":"success","data":[1,2]}', "data: expected"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[', "ends early"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[]}} x', "extra data"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[{"a":1 x}]}}', "not JSON"),
+    (b'{"status":"success","n":12x,"data":{"resultType":"matrix","result":[]}}', "not JSON"),
+    (b'{"status":"success","data":{"resultType":"matrix","result":[]},"s":"\xff"}', "utf-8"),
+    (b'{7:1}', "not JSON"),
+])
+def test_the_stream_says_what_is_wrong_with_a_broken_answer(body, error):
+    with pytest.raises(ValueError, match=error):
+        _stream(body, 3)
+
+
+# --- windows: one pass, only inside the horizon ---------------------------------------
+def _node(info: list[float], counter: dict[float, float]) -> NodeSeries:
+    series = NodeSeries(node="n1", info={t: ("az-a", "boot") for t in info})
+    series.counters[("az-a", "az-b", "conn_attempts")] = Samples(array("d", counter), array("d", counter.values()))
+    return series
+
+
+def test_only_the_scrapes_inside_the_horizon_become_windows_counted_in_one_pass():
+    # 4000 scrapes; the counter has a sample at every other one, so each window's t0 is
+    # missing from it and counts from the sample before (what made the old delta rescan).
+    scrapes = [1000.0 + i for i in range(4000)]
+    series = _node(scrapes, {t: 7.0 * i for i, t in enumerate(scrapes) if i % 2})
+    read = node_windows(series, None, horizon_s=5.0)
+    assert [w.end for w in read.windows] == scrapes[-6:] and read.too_old == 3999 - 6
+    assert [sum(p.conn_attempts for p in w.paths) for w in read.windows] == [0, 14, 0, 14, 0, 14]
+    everything = node_windows(series, None)
+    assert [w.to_json() for w in everything.windows[-6:]] == [w.to_json() for w in read.windows]
+    assert len(everything.windows) == 3999
+    # Born at the second scrape (counted from 0), then 14 every other window.
+    assert sum(p.conn_attempts for w in everything.windows for p in w.paths) == 7 * 3999
+
+
+def test_a_sample_between_two_scrapes_does_not_move_the_windows_start():
+    # The sample at 1001.5 is no scrape of the node (its info sample is missing): the
+    # window (1001, 1002] still counts from the sample at 1001.
+    series = _node([1000.0, 1001.0, 1002.0], {1000.0: 10.0, 1001.0: 20.0, 1001.5: 25.0, 1002.0: 40.0})
+    counts = [sum(p.conn_attempts for p in w.paths) for w in node_windows(series, None).windows]
+    assert counts == [10, 20]
