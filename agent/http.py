@@ -1,8 +1,9 @@
-"""The agent's HTTP face: /v1/windows, /v1/events, /metrics, /healthz (stdlib server).
+"""The agent's HTTP face: /v1/windows, /v1/events, /metrics, /healthz.
 
-Bounded against the network (docs/scale.md): at most `max_connections` connections are
-served at once (one thread each; more are answered 503 and closed), every socket read
-and write has a timeout, and a client that goes away is a debug line, not a traceback.
+Served by agent.httpserver, which bounds what the network can take (connections, whole-
+request deadlines, requests in flight per pool; docs/scale.md): /v1/* and the open
+endpoints are answered from separate pools, so neither can take the other's slots, and
+connections that proved the token are the last pushed out when connections run short.
 With a bearer token configured (agent.token_file) every /v1/* request must carry it;
 without one, /v1/events (peer addresses of failing connections) is served only on a
 loopback listener. /metrics and /healthz stay open for scrapers and probes.
@@ -14,22 +15,20 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-import logging
-import socket
-import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Iterable
+from typing import Protocol
 
+from azprobe.contracts import prom
 from azprobe.contracts.window import Window
 from azprobe.contracts.windowcodec import encode_page, negotiate
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from azprobe.agent.httpserver import (BoundedHTTPServer, ConnectionLimits, Pool, Request, Response, Work,
+                                     error_response)
 from azprobe.agent.prom import AgentCollector, MetricsSource
-
-log = logging.getLogger(__name__)
 
 
 class AgentState(MetricsSource, Protocol):
@@ -47,63 +46,6 @@ def _after(query: dict[str, list[str]]) -> int:
     return int(raw)
 
 
-MAX_CONNECTIONS = 64  # served at once; a pulling controller or two, top, trace, Prometheus
-SOCKET_TIMEOUT_S = 10.0  # per read/write: longer than a controller's keep-alive gap
-BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
-                 b"Connection: close\r\nRetry-After: 1\r\n\r\nbusy\n")
-
-
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a cap on concurrent connections and quiet disconnects."""
-
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, address: tuple[str, int], handler: Any, max_connections: int = MAX_CONNECTIONS) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._count_lock = threading.Lock()
-        self.active = 0  # connections being served now
-        self.rejected = 0  # connections answered 503 because every slot was taken
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.rejected += 1
-            try:
-                request.settimeout(0.5)  # the accept loop must not wait on a slow client
-                request.sendall(BUSY_RESPONSE)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        with self._count_lock:
-            self.active += 1
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        with self._count_lock:
-            self.active -= 1
-        self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            log.debug("http: client %s went away: %s", client_address[0], exc)
-        else:
-            log.exception("http: error serving %s", client_address[0])
-
-
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -111,79 +53,95 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+# /v1/* (the windows and events; the authorised clients when a token is set): a controller
+# or three pulling every interval, `azprobe top`, `azprobe trace`; answered on the IO loop
+# (a page is encoded in tens of µs). /metrics and /healthz (open by design): Prometheus and
+# health checks, on one worker of their own: a flood of scrapes is one thread's work and
+# 8 slots, and the pulls keep the IO loop.
+V1_POOL = Pool(workers=0, slots=64)
+OPEN_POOL = Pool(workers=1, slots=8)
+
+
 def make_server(host: str, port: int, state: AgentState, *, token: str = "",
-                max_connections: int = MAX_CONNECTIONS, timeout_s: float = SOCKET_TIMEOUT_S) -> BoundedHTTPServer:
+                limits: ConnectionLimits = ConnectionLimits(), v1_pool: Pool = V1_POOL,
+                open_pool: Pool = OPEN_POOL) -> BoundedHTTPServer:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(state))
     expected = f"Bearer {token}".encode() if token else b""
     events_open = bool(token) or is_loopback(host)
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = timeout_s  # every read and write on the connection (StreamRequestHandler)
+    def windows(after: int, media: str) -> Response:
+        header, page = state.windows_page(after)
+        return Response(200, encode_page(header["node"], header["az"], header["boot_id"], page, media), media)
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def events(after: int) -> Response:
+        return Response(200, json.dumps(state.events_doc(after), separators=(",", ":")).encode())
 
-        def _json(self, code: int, doc: dict) -> None:
-            self._send(code, json.dumps(doc, separators=(",", ":")).encode(), "application/json")
+    def metrics() -> Response:
+        return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
 
-        def _authorised(self, path: str) -> bool:
-            """/v1/*: the bearer token when one is set; /v1/events also needs a token or a
-            loopback listener (it names peers' addresses)."""
-            if not path.startswith("/v1/"):
-                return True
+    def healthz() -> Response:
+        ok, why = state.healthy()
+        return Response(200 if ok else 503, (why + "\n").encode(), "text/plain")
+
+    def route(request: Request) -> Response | Work:
+        """Cheap, on the server's IO thread: the token, the query, which pool answers.
+        /v1/*: the bearer token when one is set; /v1/events also needs a token or a
+        loopback listener (it names peers' addresses)."""
+        path = request.path
+        if path.startswith("/v1/"):
             if expected:
-                got = self.headers.get("Authorization", "").encode("latin-1", "replace")
+                got = request.headers.get("authorization", "").encode("latin-1", "replace")
                 if not hmac.compare_digest(got, expected):
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", 'Bearer realm="azprobe"')
-                    body = b'{"error":"a bearer token is required (the controller\'s agents.token_file)"}'
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return False
+                    return Response(401, b'{"error":"a bearer token is required (the controller\'s agents.token_file)"}',
+                                    headers=(("WWW-Authenticate", 'Bearer realm="azprobe"'),))
             elif path == "/v1/events" and not events_open:
-                self._json(403, {"error": "/v1/events names peer addresses: set agent.token_file, "
-                                          "or listen on a loopback address"})
-                return False
-            return True
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            url = urlsplit(self.path)
-            query = parse_qs(url.query)
-            if not self._authorised(url.path):
-                return
+                return error_response(403, "/v1/events names peer addresses: set agent.token_file, "
+                                           "or listen on a loopback address")
             try:
-                if url.path == "/v1/windows":
-                    header, windows = state.windows_page(_after(query))
-                    media = negotiate(self.headers.get("Accept"))
-                    body = encode_page(header["node"], header["az"], header["boot_id"], windows, media)
-                    self._send(200, body, media)
-                elif url.path == "/v1/events":
-                    self._json(200, state.events_doc(_after(query)))
-                elif url.path == "/metrics":
-                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif url.path == "/healthz":
-                    ok, why = state.healthy()
-                    self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
-                else:
-                    self._json(404, {"error": f"no such endpoint {url.path}"})
+                after = _after(request.query)
             except ValueError as exc:
-                self._json(400, {"error": str(exc)})
+                return error_response(400, str(exc))
+            authenticated = bool(expected)
+            if path == "/v1/windows":
+                media = negotiate(request.headers.get("accept"))
+                return Work("v1", lambda: windows(after, media), authenticated)
+            if path == "/v1/events":
+                return Work("v1", lambda: events(after), authenticated)
+        elif path == "/metrics":
+            return Work("open", metrics)
+        elif path == "/healthz":
+            return Work("open", healthz)
+        return error_response(404, f"no such endpoint {path[:200]}")
 
-        def log_message(self, fmt: str, *args: object) -> None:
-            log.debug("http: " + fmt, *args)
+    server = BoundedHTTPServer((host, port), route, {"v1": v1_pool, "open": open_pool}, limits)
+    registry.register(HttpServerCollector(server))
+    return server
 
-    return BoundedHTTPServer((host, port), Handler, max_connections)
+
+class HttpServerCollector:
+    """What the network did to the agent's HTTP server (a slow-client flood shows here)."""
+
+    def __init__(self, server: BoundedHTTPServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterable:
+        server = self.server
+        yield GaugeMetricFamily(prom.HTTP_CONNECTIONS.name, prom.HTTP_CONNECTIONS.help,
+                                value=server.open_connections)
+        closed = CounterMetricFamily(prom.HTTP_CLOSED.name, prom.HTTP_CLOSED.help,
+                                     labels=list(prom.HTTP_CLOSED.labels))
+        for reason, n in (("evicted", server.evicted), ("timeout", server.timed_out), ("refused", server.refused)):
+            closed.add_metric([reason], n)
+        yield closed
+        busy = CounterMetricFamily(prom.HTTP_BUSY.name, prom.HTTP_BUSY.help,
+                                   labels=list(prom.HTTP_BUSY.labels))
+        for pool, n in sorted(server.busy().items()):
+            busy.add_metric([pool], n)
+        yield busy
 
 
-def serve_in_background(server: ThreadingHTTPServer) -> threading.Thread:
+def serve_in_background(server: BoundedHTTPServer) -> threading.Thread:
     thread = threading.Thread(target=server.serve_forever, name="agent-http", daemon=True)
     thread.start()
     return thread

@@ -129,7 +129,8 @@ class _Connection(asyncio.Protocol):
 
     # -- requests
     def request(self, raw: bytes) -> asyncio.Future[Response]:
-        assert self.transport is not None
+        if self.transport is None or self.closed:  # the agent hung up between connect and now
+            raise ConnectionResetError("connection closed before the request was sent")
         self._reset()
         self.got_bytes = False
         self.waiter = asyncio.get_running_loop().create_future()

@@ -6,15 +6,22 @@ numbers are the controller's: real HTTP pulls of every agent, parse_window on ev
 window, the evaluation-window merge, the spike detector, model + safety for the global
 and per-source views. Consul is not involved (publishing is one txn per cycle).
 
+--real-agents serves every agent through the agent's own HTTP server instead
+(tests/promagent.py: one azprobe.agent.http server per agent, its own port, in one
+separate process), so the pulls also measure the agent's side of the wire; use a few
+hundred agents (a thread-per-connection stdlib server each), not thousands.
+
 Prints progress on stderr and ONE final JSON line on stdout:
 cycle p50/p99/max (s, wall), the CPU seconds each cycle used (p50/p99: the figure that
 does not depend on what else runs on the box), pull p50 (s), the controller process's CPU %
 of one core over the measured cycles, windows held / new per cycle, failed pulls, and the
 1-minute load average (this box is shared), and the controller's CPU µs per agent window
-(all its CPU over the measured cycles / windows taken in). Goal: <= 1 s per cycle at p99,
-no failed pull, well under 200 µs of CPU per agent window (docs/scale.md).
+(all its CPU over the measured cycles / windows taken in), and after the cycles the latency
+of one agent's pull (p50/p99 of 50 sequential keep-alive pulls of agent 0 with the
+controller's client). Goal: <= 1 s per cycle at p99, no failed pull, well under 200 µs of
+CPU per agent window (docs/scale.md).
 
-    .venv/bin/python bench/controller_scale.py [--agents 5000] [--cycles 20]
+    .venv/bin/python bench/controller_scale.py [--agents 5000] [--cycles 20] [--real-agents]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -36,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from azprobe.address_file import wait_for_address_file  # noqa: E402
-from azprobe.agenthttp import raise_file_limit  # noqa: E402
+from azprobe.agentclient import pull_page  # noqa: E402
+from azprobe.agenthttp import AgentHttpClient, Endpoint, raise_file_limit  # noqa: E402
 from azprobe.controller.config import parse_config  # noqa: E402
 from azprobe.controller.main import Controller, next_tick, run_event_loop  # noqa: E402
 
@@ -92,38 +101,83 @@ async def run(controller: Controller, cycles: int, warmup: int, interval: float)
             "shares": shares}
 
 
+SEQUENTIAL_PULLS = 50
+
+
+async def sequential_pulls(url: str, count: int) -> dict:
+    """One agent pulled `count` times in a row on one kept-alive connection, each after the
+    newest window it had (a controller's steady pull): the latency of a pull, which a
+    cycle's pull phase cannot be shorter than."""
+    client, ep = AgentHttpClient(), Endpoint.parse(url)
+    took: list[float] = []
+    try:
+        page = await pull_page(client, ep, 0)  # the connection is open before the first timed pull
+        after = max((w.seq or 0 for w in page.windows), default=0)
+        for _ in range(count):
+            started = time.perf_counter()
+            page = await pull_page(client, ep, after)
+            took.append(time.perf_counter() - started)
+            after = max([after] + [w.seq or 0 for w in page.windows])
+    finally:
+        client.close()
+    return {"pull_latency_p50_s": round(statistics.median(took), 5), "pull_latency_p99_s": round(quantile(took, 0.99), 5)}
+
+
+def start_fake_agents(args: argparse.Namespace, env: dict, address_file: Path) -> tuple[subprocess.Popen, list[str]]:
+    server = subprocess.Popen([sys.executable, "-m", "tests.fakeagent", "--agents", str(args.agents),
+                               "--interval", str(args.interval), "--address-file", str(address_file)],
+                              cwd=ROOT, env=env)
+    address = wait_for_address_file(address_file, alive=lambda: server.poll() is None, timeout_s=60)
+    if address is None:
+        server.terminate()
+        raise SystemExit(f"bench: the fake agents reported no address (exit {server.poll()})")
+    return server, [f"http://127.0.0.1:{address[1]}/a/{i}" for i in range(args.agents)]
+
+
+def start_real_agents(args: argparse.Namespace, env: dict) -> tuple[subprocess.Popen, list[str]]:
+    server = subprocess.Popen([sys.executable, "-m", "tests.promagent", "--agents", str(args.agents),
+                               "--interval", str(args.interval)], cwd=ROOT, env=env, stdout=subprocess.PIPE)
+    assert server.stdout is not None
+    ready, _, _ = select.select([server.stdout], [], [], 120)
+    line = server.stdout.readline() if ready else b""
+    if not line:
+        server.terminate()
+        raise SystemExit(f"bench: the real agents printed no URLs (exit {server.poll()})")
+    return server, json.loads(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=5000)
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=6)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--real-agents", action="store_true",
+                        help="one real agent HTTP server per agent (tests/promagent.py) instead of the bulk fake")
     args = parser.parse_args()
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     address_dir = tempfile.TemporaryDirectory(prefix="azprobe-bench-")
     address_file = Path(address_dir.name) / "fakeagent.address"
-    server = subprocess.Popen([sys.executable, "-m", "tests.fakeagent", "--agents", str(args.agents),
-                               "--interval", str(args.interval), "--address-file", str(address_file)],
-                              cwd=ROOT, env=env)
+    if args.real_agents:
+        server, urls = start_real_agents(args, env)
+    else:
+        server, urls = start_fake_agents(args, env, address_file)
     try:
-        address = wait_for_address_file(address_file, alive=lambda: server.poll() is None, timeout_s=60)
-        if address is None:
-            raise SystemExit(f"bench: the fake agents reported no address (exit {server.poll()})")
-        port = address[1]
         config = parse_config({
             "controller": {"name": "bench", "interval_s": args.interval, "evaluation_window_s": 5.0,
                            "listen": "127.0.0.1:9741"},
             "consul": {"address": "http://127.0.0.1:1"},  # never contacted: the bench runs cycles only
-            "agents": {"static": [f"http://127.0.0.1:{port}/a/{i}" for i in range(args.agents)],
-                       "pull_timeout_s": 0.8},
+            "agents": {"static": urls, "pull_timeout_s": 0.8},
             "topology": {"azs": ["az-a", "az-b", "az-c"]},  # the fake agents' --azs default
         })
         raise_file_limit()  # as the daemon does, before the collector sizes its pool
         controller = Controller(config)
         result = run_event_loop(run(controller, args.cycles, args.warmup, args.interval))
+        result.update(run_event_loop(sequential_pulls(urls[0], SEQUENTIAL_PULLS)))
         t = psutil.Process(server.pid).cpu_times()
         result.update({"agents": args.agents, "azs": 3, "cycles": args.cycles, "goal_cycle_s": 1.0,
+                       "agents_served_by": "agent.http" if args.real_agents else "fakeagent bulk",
                        "agent_server_cpu_s_total": round(t.user + t.system, 1),
                        "load_avg_1m": round(os.getloadavg()[0], 2)})
         print(json.dumps(result, sort_keys=True))

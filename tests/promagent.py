@@ -4,10 +4,18 @@ a test can feed identical input through both sources.
 
 Each tick makes one window from the PathSpecs (tests.fakeagent) and adds it to the
 cumulative totals /metrics exports, exactly as azprobe.agent.main.Agent does.
+
+`python -m tests.promagent --agents N` serves N such agents, each on its own loopback
+port through its own agent HTTP server, ticks them all every --interval, and prints their
+base URLs as one JSON line on stdout once they all listen (bench/controller_scale.py
+--real-agents runs it as a separate process).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import threading
 import time
 import uuid
@@ -89,9 +97,14 @@ class SyntheticAgent:
     # --- serving ------------------------------------------------------------------
     def serve(self, interval_s: float) -> str:
         """Serve on a free loopback port and tick every interval_s; returns the base URL."""
+        url = self.serve_http()
+        threading.Thread(target=self._ticker, args=(interval_s,), daemon=True).start()
+        return url
+
+    def serve_http(self) -> str:
+        """Serve on a free loopback port (windows only when tick() is called); the base URL."""
         self._server = make_server("127.0.0.1", 0, self)
         serve_in_background(self._server)
-        threading.Thread(target=self._ticker, args=(interval_s,), daemon=True).start()
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def _ticker(self, interval_s: float) -> None:
@@ -103,3 +116,28 @@ class SyntheticAgent:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def _serve_many(n: int, azs: list[str], interval_s: float, attempts: int) -> None:
+    agents = [SyntheticAgent(f"n{i}", azs[i % len(azs)], [PathSpec(dst=d, conn_attempts=attempts) for d in azs])
+              for i in range(n)]
+    print(json.dumps([agent.serve_http() for agent in agents]), flush=True)
+    next_at = time.monotonic()
+    while True:  # one ticker for all: N ticker threads would cost the box more than the agents
+        next_at += interval_s
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        for agent in agents:
+            agent.tick()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="N synthetic agents, each behind a real agent HTTP server")
+    parser.add_argument("--agents", type=int, default=100)
+    parser.add_argument("--azs", default="az-a,az-b,az-c")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--attempts", type=int, default=50)
+    args = parser.parse_args()
+    try:
+        _serve_many(args.agents, args.azs.split(","), args.interval, args.attempts)
+    except KeyboardInterrupt:
+        sys.exit(0)

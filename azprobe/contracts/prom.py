@@ -134,6 +134,12 @@ _AGENT_SCALAR_HELP = {
                  "sock_diag collector",
 }
 NODE_SCALARS = {"lost_events_total": LOST}
+HTTP_CONNECTIONS = Family("azprobe_http_connections", GAUGE, "Connections open to the agent's HTTP server now")
+HTTP_CLOSED = Family("azprobe_http_connections_closed", COUNTER, "Connections the agent's HTTP server closed: "
+                     "evicted for a newer one when its cap was reached, timeout at a whole-request or idle "
+                     "deadline, refused when it could not take them", ("reason",))
+HTTP_BUSY = Family("azprobe_http_busy", COUNTER, "Requests the agent answered 503 because every slot of their pool "
+                   "was taken", ("pool",))
 
 
 def agent_scalar(key: str) -> Family:

@@ -122,3 +122,17 @@ def test_unusable_agent_urls_are_refused(url):
 def test_default_ports_and_paths():
     assert Endpoint.parse("http://10.0.0.1/a/7/") == Endpoint("http", "10.0.0.1", 80, "/a/7")
     assert Endpoint.parse("https://[::1]:9740").host_header == "[::1]:9740"
+
+
+def test_a_connection_closed_before_the_request_is_a_connection_error():
+    """An agent that accepts and hangs up at once (a full server answering 503 and closing)
+    is a ConnectionError the pull handles, not an AssertionError from inside the client."""
+
+    async def run() -> None:
+        conn = _Connection()
+        conn.connection_made(Transport())  # type: ignore[arg-type]
+        conn.connection_lost(None)
+        with pytest.raises(ConnectionResetError, match="before the request"):
+            conn.request(b"GET / HTTP/1.1\r\n\r\n")
+
+    asyncio.run(run())
