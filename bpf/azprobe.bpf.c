@@ -23,8 +23,8 @@ BPF_LPM_TRIE(az_trie, struct azp_lpm_key, u32, AZP_MAX_PREFIXES);
 BPF_ARRAY(agent_config, struct azp_config, 1);
 BPF_PERCPU_ARRAY(path_counters, struct azp_path_counters, AZP_MAX_PATHS);
 /* Connect latency per path: one shared (not per-CPU) row per path, 1 MB in all, added to
- * atomically. It was a per-CPU hash with lookup_or_try_init: ~100-150 ns more per
- * connect measured, and memory that grew with the CPU count. */
+ * atomically. Not a per-CPU hash with lookup_or_try_init: that costs ~100-150 ns more
+ * per connect (measured) and memory that grows with the CPU count. */
 BPF_ARRAY(connect_rows, struct azp_hist_row, AZP_MAX_PATHS);
 /* Connects in flight and sockets inside a Loss episode, in arrays indexed by a hash of
  * the socket's id (sock_slot): each test is one line, where a hash-map operation
@@ -49,7 +49,7 @@ BPF_RINGBUF_OUTPUT(events, AZP_RINGBUF_PAGES);
 
 
 
-/* ---- node addresses (issue 9: one agent per node) ------------------------------------
+/* ---- node addresses (one agent per node) --------------------------------------------
  * Which sockets belong to this node. The tracepoints are global: on a host with several
  * network namespaces (the lab's client nodes) every agent's program sees every socket.
  * node_addrs holds this node's local addresses (16-byte form, IPv4 as ::ffff:a.b.c.d),
@@ -575,9 +575,9 @@ BTF_TRACEPOINT(tcp_probe)
 
 /* The socket's id (see sock_slot): its address, relative to a fixed map value's. The
  * verifier lets a privileged program subtract one pointer from another but not turn a
- * pointer into an integer, and a relative address is as unique as the address. It was
- * the socket's cookie (bpf_get_socket_cookie): 40-100 ns more per state change here,
- * and it gave every socket a cookie as a side effect. */
+ * pointer into an integer, and a relative address is as unique as the address. Not the
+ * socket's cookie (bpf_get_socket_cookie): that costs 40-100 ns more per state change
+ * here and gives every socket a cookie as a side effect. */
 static __always_inline u64 sock_id_of(u64 *ctx)
 {
     u32 zero = 0;

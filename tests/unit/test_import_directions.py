@@ -5,8 +5,8 @@ LOWER layer, nothing else:
 
   0  contracts    azprobe.contracts (window, weights, sketch): imports nothing else of azprobe
   1  foundation   azprobe (the package), azprobe.errors, azprobe.config, azprobe.consul,
-                  azprobe.sdnotify, azprobe.address_file, azprobe.bpf: shared plumbing,
-                  knows no role
+                  azprobe.sdnotify, azprobe.address_file, azprobe.agenthttp,
+                  azprobe.agentclient, azprobe.bpf: shared plumbing, knows no role
   2  roles        azprobe.agent | azprobe.controller | azprobe.consumers: three separate
                   groups, so agent and controller never import each other, and consumers
                   (weights CLI, watcher, envoy-eds, explain) import neither
@@ -54,7 +54,7 @@ LAYERS: dict[tuple[int, str], tuple[str, ...]] = {
     (4, "dev"): ("azprobe.dev",),
 }
 
-# The pre-restructure top-level names: importing them is a bug (they are not installed).
+# The mapped folders' own names: importing them is a bug (they are not installed).
 OLD_TOP_LEVEL = ("agent", "controller", "bpf")
 
 

@@ -215,3 +215,27 @@ def test_the_contracts_doc_lists_every_defined_series_with_its_type():
     assert set(documented) == {f.series for f in DEFINED.values()}
     for f in DEFINED.values():
         assert documented[f.series].startswith(f.kind), (f.series, documented[f.series])
+
+
+def _documented_labels() -> dict[str, set[str]]:
+    """Series of docs/contracts.md's "Metrics" tables -> the label names of their labels
+    column: backticked names outside parentheses, and `path` for node, src_az, dst_az."""
+    section = CONTRACTS.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        if len(cells) >= 3 and cells[0].startswith("`azprobe_"):
+            column = re.sub(r"\([^()]*\)", "", cells[2])
+            labels = set(re.findall(r"`([a-z_]+)`", column))
+            if re.search(r"(?<![`\w])path(?![`\w])", column):
+                labels |= set(prom.PATH_LABELS)
+            for name in re.findall(r"`(azprobe_[a-z0-9_]+)`", cells[0]):
+                out[name] = labels
+    return out
+
+
+def test_the_contracts_doc_gives_every_series_its_labels():
+    documented = _documented_labels()
+    wrong = {f.series: (sorted(documented.get(f.series, ())), sorted(f.labels)) for f in DEFINED.values()
+             if documented.get(f.series) != set(f.labels)}
+    assert not wrong, f"docs/contracts.md labels (documented, defined): {wrong}"

@@ -7,7 +7,8 @@
 - an AZ's uplink (`lab fault --from az-b`): packets the AZ's *client nodes* send, to every
   destination (`iifname c-<az>*`, every client link of the AZ). Every path that starts in
   az-b degrades, the other AZs' paths do not: a source-side fault that must not drain the
-  destinations (issue 9's quorum). Replies toward az-b's clients are untouched.
+  destinations (the controller's quorum sets such nodes aside). Replies toward az-b's
+  clients are untouched.
 
 Every rule counts into a named nft counter; those counters are the ground truth tests
 compare the probe against. Counters are cumulative since `lab up` (fault/clear never
