@@ -24,10 +24,10 @@ from azprobe.agent.http import make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.agent.probe import Probe, ProbeEvent
 from azprobe.agent.sockdiag import SockDiagCollector
-from azprobe.agent.util import UtilisationSampler
+from azprobe.agent.utilisation import UtilisationSampler
 from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
-from azprobe import sdnotify
-from azprobe.address_file import format_host_port, write_address_file
+from azprobe.daemon import sdnotify
+from azprobe.daemon.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.sketch import Histogram

@@ -252,7 +252,7 @@ def _user_name(uid: int) -> str:
 
 def parse_host_port(value: str, field: str, *, listen: bool = False) -> tuple[str, int]:
     """"host:port" or "[v6]:port" -> (host, port). A listen address may have port 0: the
-    kernel picks a free port, which the daemon reports (azprobe.address_file)."""
+    kernel picks a free port, which the daemon reports (azprobe.daemon.address_file)."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not (0 if listen else 1) <= int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not host:port", "for example 127.0.0.1:9740")

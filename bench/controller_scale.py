@@ -43,9 +43,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from azprobe.address_file import wait_for_address_file  # noqa: E402
-from azprobe.agentclient import pull_page  # noqa: E402
-from azprobe.agenthttp import AgentHttpClient, Endpoint, raise_file_limit  # noqa: E402
+from azprobe.daemon.address_file import wait_for_address_file  # noqa: E402
+from azprobe.clients.agent import pull_page  # noqa: E402
+from azprobe.clients.transport import AgentHttpClient, Endpoint, raise_file_limit  # noqa: E402
 from azprobe.controller.config import parse_config  # noqa: E402
 from azprobe.controller.main import Controller, next_tick, run_event_loop  # noqa: E402
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe import bpf  # noqa: E402
 from azprobe.contracts import prom  # noqa: E402
-from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
+from azprobe.daemon.address_file import format_host_port, wait_for_address_file  # noqa: E402
 from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
 from azprobe.agent.probe import (BTF_HOOKS_FLAG, BtfHooks, btf_hooks, check_prerequisites,  # noqa: E402
                                  compile_program, load_btf_handlers, program_stats)
@@ -135,7 +135,7 @@ def main() -> None:
             # The empty programs hook tcp_probe as the agent does (tp_btf where BTF allows).
             hooks = btf_hooks()
             first = EmptyHandler(hooks)  # takes the first place on tcp_probe
-            agent = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config",
+            agent = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "agent", "--config",
                                       str(config), "--listen", "127.0.0.1:0",
                                       "--address-file", str(address_file)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

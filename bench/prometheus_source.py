@@ -95,7 +95,7 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def hostile(mode: str, cycles: int, interval_s: float, query_timeout_s: float | None) -> dict:
-    from azprobe.consul import ConsulSettings, make_client
+    from azprobe.clients.consul import ConsulSettings, make_client
     from azprobe.dev.devconsul.testing import DevConsul
     from tests.controller_harness import ControllerProcess, controller_config, leader_holder, read_weights
     from tests.hostileprom import AZS, HostilePrometheus

@@ -66,10 +66,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from azprobe.agent.bpf_syscall import run_time_stats  # noqa: E402
 from azprobe.agent.probe import Probe  # noqa: E402
-from azprobe.agent.testing import running_agent  # noqa: E402
+from tests.agent_harness import running_agent  # noqa: E402
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name  # noqa: E402
 from azprobe.dev.lab.netns import ns_argv  # noqa: E402
-from azprobe.address_file import format_host_port, wait_for_address_file  # noqa: E402
+from azprobe.daemon.address_file import format_host_port, wait_for_address_file  # noqa: E402
 # bench/ is sys.path[0]
 from hook_overhead import Hooks  # noqa: E402
 from probe_overhead import agent_stats, exit_on_sigterm, log, wait_healthy  # noqa: E402
@@ -130,7 +130,7 @@ class AgentProcess:
         address_file = Path(tempfile.mkdtemp(prefix="azprobe-bench-")) / "agent.address"
         # Scheduled as systemd/azprobe-agent.service runs it (CPUSchedulingPolicy=batch, Nice=10).
         argv = ["chrt", "--batch", "0", "nice", "-n", "10",
-                sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config), "--collector", collector,
+                sys.executable, "-m", "azprobe.commands.cli", "agent", "--config", str(config), "--collector", collector,
                 "--listen", "127.0.0.1:0", "--address-file", str(address_file)]
         self.proc = subprocess.Popen(ns_argv(ns, argv) if ns else argv,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from azprobe.agentclient import pull_page
-from azprobe.agenthttp import MAX_BODY_BYTES, AgentHttpClient, Endpoint
+from azprobe.clients.agent import pull_page
+from azprobe.clients.transport import MAX_BODY_BYTES, AgentHttpClient, Endpoint
 from azprobe.contracts.window import (MIN_INTERVAL_S, OTHER_AZ, PathStats, Utilisation, Window, WindowError,
                                      printable)
 from azprobe.contracts.windowcodec import PendingWindow, WindowsPage, page_from_doc

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from azprobe.address_file import format_host_port
-from azprobe.agenthttp import MAX_BODY_BYTES, Endpoint, HttpError
+from azprobe.daemon.address_file import format_host_port
+from azprobe.clients.transport import MAX_BODY_BYTES, Endpoint, HttpError
 from azprobe.config import Section, load_toml, parse_host_port, read_token_file
 from azprobe.errors import ConfigError
 from azprobe.controller.models import Model, load_model
@@ -83,7 +83,7 @@ class ModelSettings:
 @dataclass(frozen=True)
 class ControllerConfig:
     controller: ControllerSettings
-    consul: Any  # azprobe.consul.ConsulSettings
+    consul: Any  # azprobe.clients.consul.ConsulSettings
     agents: AgentsSettings
     model: ModelSettings
     safety: SafetyConfig
@@ -271,7 +271,7 @@ def load_model_from(settings: ModelSettings) -> Model:
 
 
 def _consul_settings(section: Section) -> Any:
-    from azprobe.consul import ConsulSettings  # consumers helper's module
+    from azprobe.clients.consul import ConsulSettings  # consumers helper's module
 
     return ConsulSettings.from_section(section)
 

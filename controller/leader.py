@@ -30,7 +30,7 @@ from typing import Any
 
 import consul
 
-from azprobe.consul import ConsulError, ConsulSettings, translate_error
+from azprobe.clients.consul import ConsulError, ConsulSettings, translate_error
 from azprobe.contracts import bounded_json, kv
 
 log = logging.getLogger(__name__)

@@ -32,10 +32,10 @@ from typing import Any, TypeVar
 import click
 import uvloop
 
-from azprobe import sdnotify
-from azprobe.address_file import format_host_port, write_address_file
-from azprobe.agenthttp import raise_file_limit
-from azprobe.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
+from azprobe.daemon import sdnotify
+from azprobe.daemon.address_file import format_host_port, write_address_file
+from azprobe.clients.transport import raise_file_limit
+from azprobe.clients.consul import ConsulError, ConsulSettings, make_client, read_key, translate_error
 from azprobe.contracts import kv, prom
 from azprobe.contracts.window import printable
 from azprobe.controller.collect import AgentTarget, Collector, PullResult

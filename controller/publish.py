@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import consul
 
-from azprobe.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
-from azprobe.consul import MAX_TXN_OPS
+from azprobe.clients.consul import ConsulSettings, TxnConflict, op_check_session, op_set, read_key, txn
+from azprobe.clients.consul import MAX_TXN_OPS
 from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.window import printable
 from azprobe.contracts.weights import MAX_DOC_BYTES, MAX_INT, WeightsDoc, WeightsError, ZoneWeights, parse_weights

@@ -1,6 +1,6 @@
 """Run `azprobe controller` as a real subprocess for integration tests.
 
-ControllerProcess writes a TOML config, starts `python -m azprobe.cli controller
+ControllerProcess writes a TOML config, starts `python -m azprobe.commands.cli controller
 --config FILE --address-file FILE` (what the `azprobe` console script runs) listening on
 127.0.0.1 port 0, and gives tests its /healthz, /metrics and log on the port the
 controller reports it bound (no free-port race). Always used as a context manager, so the process is killed even when
@@ -20,7 +20,7 @@ from typing import Any
 
 import consul
 
-from azprobe.address_file import read_address_file
+from azprobe.daemon.address_file import read_address_file
 from azprobe.config import dump_toml
 from azprobe.contracts.weights import WeightsDoc, parse_weights
 from azprobe.controller.topology import Topology, TopologySettings
@@ -71,7 +71,7 @@ class ControllerProcess:
         self.address_path.unlink(missing_ok=True)  # a restart reports its own port
         self._port = None
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "controller", "--config",
+        self.proc = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "controller", "--config",
                                       str(self.config_path), "--address-file", str(self.address_path)],
                                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import uvloop
 from aiohttp import web
 
-from azprobe.address_file import write_address_file
+from azprobe.daemon.address_file import write_address_file
 from azprobe.contracts.sketch import Histogram
 from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
 from azprobe.contracts.windowcodec import COMPACT_TYPE, JSON_TYPE, encode_compact_page, encode_compact_window, negotiate

@@ -115,11 +115,11 @@ def marker_prerequisites(markers: Iterable[str]) -> None:
 
 # --- children on port 0 ----------------------------------------------------------------
 # A child daemon listens on port 0 and writes the port it got to --address-file
-# (azprobe.address_file); never "find a free port, close it, start the child on it".
+# (azprobe.daemon.address_file); never "find a free port, close it, start the child on it".
 
 def child_url(address_file, proc, timeout: float = 90.0) -> str:
     """http://host:port of a child started with --address-file, once it serves."""
-    from azprobe.address_file import format_host_port, wait_for_address_file
+    from azprobe.daemon.address_file import format_host_port, wait_for_address_file
 
     address = wait_for_address_file(address_file, alive=lambda: proc.poll() is None, timeout_s=timeout)
     assert address is not None, (f"{proc.args[:6]} wrote no address to {address_file} within {timeout}s "

@@ -40,7 +40,7 @@ from typing import Any
 import click
 
 from azprobe.config import MAX_FILE_BYTES, parse_toml, read_file
-from azprobe.consul import ConsulSettings, make_client, read_key
+from azprobe.clients.consul import ConsulSettings, make_client, read_key
 from azprobe.consumers.failover import FAILOVER_PRIORITY, failover_zones
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts import bounded_json

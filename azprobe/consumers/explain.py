@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from azprobe.contracts.window import printable
-from azprobe.consul import ConsulSettings, make_client, read_key
+from azprobe.clients.consul import ConsulSettings, make_client, read_key
 from azprobe.consumers.weights_cli import weights_key_name
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts.weights import WeightsDoc, WeightsError, ZoneWeights, parse_weights

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
+from azprobe.clients.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
 from azprobe.contracts import kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, is_newer, parse_weights
 

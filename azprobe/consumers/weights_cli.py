@@ -15,7 +15,7 @@ import time
 
 import click
 
-from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client, read_key
+from azprobe.clients.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client, read_key
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts import kv
 from azprobe.contracts.weights import MAX_STRING, WeightsDoc, WeightsError, parse_weights

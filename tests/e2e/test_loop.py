@@ -181,7 +181,7 @@ def test_interrupted_demo_tears_everything_down() -> None:
     name = unique_lab_name("int")
     children: list[psutil.Process] = []
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "lab", "demo", "--name", name, "--fault-s", "30"],
+        proc = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "lab", "demo", "--name", name, "--fault-s", "30"],
                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
         try:
             def drilling() -> bool:

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 import pytest
 
 from azprobe.agent.config import parse_agent_config
-from azprobe.agentclient import AgentHttpStatus, WindowReader, pull_page
-from azprobe.agenthttp import AgentHttpClient, Endpoint
+from azprobe.clients.agent import AgentHttpStatus, WindowReader, pull_page
+from azprobe.clients.transport import AgentHttpClient, Endpoint
 from azprobe.agent.http import OPEN_POOL, make_server, serve_in_background
 from azprobe.agent.httpserver import BoundedHTTPServer, ConnectionLimits, Pool
 from azprobe.contracts.window import Window, parse_window

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.consul import ConsulSettings, make_client
+from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.dev.devconsul.testing import DevConsul
 from tests.helpers import sample_weights_doc, wait_for
 
@@ -23,7 +23,7 @@ with warnings.catch_warnings():
     from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
     from envoy_data_plane.envoy.service.discovery.v3 import DiscoveryResponse
 
-AZPROBE = [sys.executable, "-m", "azprobe.cli"]
+AZPROBE = [sys.executable, "-m", "azprobe.commands.cli"]
 KEY = "azprobe/v1/weights"
 
 
@@ -34,7 +34,7 @@ def azprobe(*args: str, env: dict | None = None, timeout: float = 30) -> subproc
 
 def azprobe_in_process(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     """Run cli.main() in this process (no interpreter start-up): exit code, stdout, stderr."""
-    from azprobe import cli
+    from azprobe.commands import cli
 
     monkeypatch.setattr(sys, "argv", ["azprobe", *args])
     capsys.readouterr()

@@ -1,4 +1,4 @@
-"""azprobe.consul against devconsul: fenced transactions with the token, the watch
+"""azprobe.clients.consul against devconsul: fenced transactions with the token, the watch
 loop's Consul rules (index reset, 403 and empty recursive reads are errors)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from azprobe.consul import (ConsulEmptyPrefix, ConsulError, ConsulPermissionDenied, ConsulSettings, ConsulUnreachable,
+from azprobe.clients.consul import (ConsulEmptyPrefix, ConsulError, ConsulPermissionDenied, ConsulSettings, ConsulUnreachable,
                             KeyWatch, TxnConflict, make_client, op_check_session, op_get, op_set,
                             read_key, txn)
 from azprobe.dev.devconsul.testing import DevConsul

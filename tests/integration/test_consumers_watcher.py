@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from azprobe.consul import ConsulSettings, make_client
+from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.dev.devconsul.testing import DevConsul
 from azprobe.consumers.watch import EMPTY, FRESH, STALE, WeightWatcher
 from azprobe.contracts.weights import REJECTED

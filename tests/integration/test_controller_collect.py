@@ -10,7 +10,7 @@ import time
 
 from aiohttp import web
 
-from azprobe.agenthttp import AgentHttpClient, Endpoint
+from azprobe.clients.transport import AgentHttpClient, Endpoint
 from azprobe.controller.collect import AgentState, AgentTarget, Collector
 from azprobe.contracts.window import parse_window
 from tests.controller_harness import topology

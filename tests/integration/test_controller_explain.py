@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from azprobe.consul import ConsulSettings, make_client
+from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.contracts.weights import ZoneWeights
 from azprobe.controller.leader import LeaderElection
 from azprobe.controller.publish import GLOBAL_VIEW, Publisher, WeightsView
@@ -14,7 +14,7 @@ from tests.controller_harness import ROOT
 
 
 def _explain(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "azprobe.cli", "explain", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "explain", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=30)
 
 

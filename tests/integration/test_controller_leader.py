@@ -9,7 +9,7 @@ from __future__ import annotations
 import consul
 import pytest
 
-from azprobe.consul import ConsulSettings, make_client
+from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.contracts.weights import ZoneWeights
 from azprobe.controller.config import parse_config
 from azprobe.controller.leader import LeaderElection, LeaderProbe

@@ -19,7 +19,7 @@ import time
 import consul
 import pytest
 
-from azprobe.agenthttp import raise_file_limit
+from azprobe.clients.transport import raise_file_limit
 from azprobe.dev.devconsul.testing import DevConsul
 from tests.helpers import child_url, wait_for, write_secret
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("CONSUL_HTTP")}
-    return subprocess.run([sys.executable, "-m", "azprobe.cli", "doctor", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "doctor", *args], capture_output=True,
                           text=True, timeout=120, env={**base, **(env or {})}, cwd=ROOT)
 
 
@@ -85,7 +85,7 @@ def test_agent_role_without_bpf_capabilities_fails_with_the_fix():
     require_tools("setpriv")
     # The same host, with the capabilities the unit grants taken away.
     result = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--",
-                             sys.executable, "-m", "azprobe.cli", "doctor", "--role", "agent"],
+                             sys.executable, "-m", "azprobe.commands.cli", "doctor", "--role", "agent"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 1
     assert "✗ capabilities: effective: none of CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN" in result.stdout

@@ -17,7 +17,7 @@ from tests.helpers import require_tools, wait_for
 
 pytestmark = pytest.mark.lab  # root and the network tools: checked by the conftest (fails under CI)
 
-AZPROBE = [sys.executable, "-m", "azprobe.cli"]
+AZPROBE = [sys.executable, "-m", "azprobe.commands.cli"]
 
 
 def _nft_tables_in_root_ns() -> str:

@@ -19,7 +19,7 @@ from azprobe.dev.lab.netns import pid_alive
 pytestmark = [pytest.mark.lab, pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")]
 
 DELAY_MS = 50.0
-AZPROBE = [sys.executable, "-m", "azprobe.cli"]
+AZPROBE = [sys.executable, "-m", "azprobe.commands.cli"]
 
 
 @pytest.fixture(scope="module")

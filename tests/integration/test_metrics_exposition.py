@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from azprobe.agent.sockdiag import SockDiagCollector
-from azprobe.agent.testing import latest_seq, running_agent
+from tests.agent_harness import latest_seq, running_agent
 from azprobe.contracts import prom
 from tests.controller_harness import ControllerProcess
 from tests.fakeagent import FakeAgentServer, PathSpec, zone_agents

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import child_url, refused_port, wait_for
 
-AZPROBE = [sys.executable, "-m", "azprobe.cli"]
+AZPROBE = [sys.executable, "-m", "azprobe.commands.cli"]
 GOOD = """
 [node]
 name = "cli"

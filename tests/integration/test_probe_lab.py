@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from azprobe.agent.config import load_agent_config
-from azprobe.agent.testing import latest_seq, path_histogram, path_total, running_agent
+from tests.agent_harness import latest_seq, path_histogram, path_total, running_agent
 from azprobe.dev.lab import Lab, LabSpec, TrafficSpec, unique_lab_name
 from tests.helpers import wait_for
 

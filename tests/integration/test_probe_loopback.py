@@ -20,7 +20,7 @@ import pytest
 from azprobe import bpf as bpf_consts
 from azprobe.agent import btf
 from azprobe.agent.probe import Probe
-from azprobe.agent.testing import latest_seq, path_histogram, path_total, running_agent
+from tests.agent_harness import latest_seq, path_histogram, path_total, running_agent
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.kernel
@@ -484,7 +484,7 @@ def test_top_and_trace_read_the_agent(agent):
 
     port = _closed_port(C)
     latest_seq(agent)  # the agent is up and serving before the trace starts
-    trace = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "trace", "--agent", agent.url, "--json",
+    trace = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "trace", "--agent", agent.url, "--json",
                               "--duration", "30", "--poll", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
@@ -501,17 +501,17 @@ def test_top_and_trace_read_the_agent(agent):
     event = json.loads(next(line for line in lines if C in line))
     assert (event["kind"], event["src"], event["dst"], event["dport"]) == ("conn_refused", "az-a", "az-c", port)
 
-    top = subprocess.run([sys.executable, "-m", "azprobe.cli", "top", "--agent", agent.url, "--once", "--json",
+    top = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "top", "--agent", agent.url, "--once", "--json",
                           "--windows", "300"], capture_output=True, text=True, timeout=30)
     assert top.returncode == 0, top.stderr
     doc = json.loads(top.stdout)
     assert doc["boot_id"] == agent.boot_id
     row = next(p for p in doc["paths"] if (p["src"], p["dst"]) == ("az-a", "az-c"))
     assert row["failure_pct"] > 0 and row["conn_attempts"] >= 1
-    table = subprocess.run([sys.executable, "-m", "azprobe.cli", "top", "--agent", agent.url, "--once"],
+    table = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "top", "--agent", agent.url, "--once"],
                            capture_output=True, text=True, timeout=30)
     assert table.returncode == 0 and "P95 RTT ms" in table.stdout
-    down = subprocess.run([sys.executable, "-m", "azprobe.cli", "top", "--agent", "http://127.0.0.1:1", "--once"],
+    down = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "top", "--agent", "http://127.0.0.1:1", "--once"],
                           capture_output=True, text=True, timeout=30)
     assert down.returncode == 1 and "is `azprobe agent` running there?" in down.stderr
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from azprobe.agent.config import load_agent_config
-from azprobe.agent.testing import latest_seq, path_total, running_agent
+from tests.agent_harness import latest_seq, path_total, running_agent
 from azprobe.dev.lab import Lab, LabSpec, unique_lab_name
 from tests.helpers import wait_for
 

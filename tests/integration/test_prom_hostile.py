@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from azprobe.consul import ConsulSettings, make_client
+from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import PrometheusCollector
 from azprobe.controller.topology import Topology

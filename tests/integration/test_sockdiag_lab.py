@@ -38,7 +38,7 @@ def agent_ns(lab, tmp_path_factory):
     config = tmp_path_factory.mktemp("agent") / "agent.toml"
     config.write_text(lab.agent_config_path.read_text().replace("interval_s = 1.0", f"interval_s = {INTERVAL_S}"))
     ns = lab.client_ns("az-a")
-    proc = subprocess.Popen(ns_argv(ns, [sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config),
+    proc = subprocess.Popen(ns_argv(ns, [sys.executable, "-m", "azprobe.commands.cli", "agent", "--config", str(config),
                                          "--collector", "sockdiag", "--listen", f"127.0.0.1:{PORT}"]),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -109,7 +109,7 @@ def test_agent_falls_back_when_bcc_cannot_build(tmp_path):
     config.write_text('[node]\nname = "fb"\naz = "az-a"\n[agent]\ninterval_s = 0.2\n'
                       '[topology]\naz-a = ["127.0.0.2/32"]\n')
     env = {"AZPROBE_TEST_BPF_DIR": str(broken), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "-v", "agent", "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "-v", "agent", "--config", str(config),
                              "--listen", "127.0.0.1:0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=env)
     lines: list[str] = []

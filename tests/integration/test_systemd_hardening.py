@@ -230,7 +230,7 @@ def test_agent_runs_in_its_unit_sandbox(world_readable_dir):
                       'interval_s = 0.2\n[topology]\naz-a = ["127.0.0.0/8"]\n')
     address_file = writable_by(world_readable_dir, 0) / "agent.address"
     proc = subprocess.Popen(sandboxed("azprobe-agent.service", world_readable_dir,
-                                      ["-m", "azprobe.cli", "agent", "--config", str(config),
+                                      ["-m", "azprobe.commands.cli", "agent", "--config", str(config),
                                        "--address-file", str(address_file)]),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     try:
@@ -257,7 +257,7 @@ def _controller_runs_in_its_unit_sandbox(devconsul, world_readable_dir: Path, de
                       f'[agents]\nstatic = ["http://127.0.0.1:{dead_agent_port}"]\n[topology]\nazs = ["az-a"]\n')
     address_file = writable_by(world_readable_dir, 65534) / "controller.address"
     proc = subprocess.Popen(sandboxed("azprobe-controller.service", world_readable_dir,
-                                      ["-m", "azprobe.cli", "controller", "--config", str(config),
+                                      ["-m", "azprobe.commands.cli", "controller", "--config", str(config),
                                        "--address-file", str(address_file)], user="65534"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from azprobe.address_file import format_host_port, read_address_file
+from azprobe.daemon.address_file import format_host_port, read_address_file
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.kernel  # loads BPF: root etc., checked by the conftest (fails under CI)
@@ -77,7 +77,7 @@ def agent_under_notify(tmp_path):
            "WATCHDOG_USEC": str(WATCHDOG_USEC), "AZPROBE_TEST_STALL_FILE": str(stall)}
     env.pop("WATCHDOG_PID", None)
     address_file = tmp_path / "agent.address"
-    proc = subprocess.Popen([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "agent", "--config", str(config),
                              "--address-file", str(address_file)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

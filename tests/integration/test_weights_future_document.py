@@ -11,7 +11,7 @@ import json
 
 import consul
 
-from azprobe.consul import ConsulSettings
+from azprobe.clients.consul import ConsulSettings
 from azprobe.consumers.watch import EMPTY, FRESH, WeightWatcher
 from azprobe.controller.config import parse_config
 from azprobe.controller.main import Controller

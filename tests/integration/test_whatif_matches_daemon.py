@@ -55,7 +55,7 @@ def _what_if(tmp_path: Path, config: dict[str, Any], stats: dict[str, Any], name
     config_path, stats_path = tmp_path / f"{name}.toml", tmp_path / f"{name}.json"
     config_path.write_text(dump_toml(config))
     stats_path.write_text(json.dumps(stats))
-    r = subprocess.run([sys.executable, "-m", "azprobe.cli", "model", "eval", "--safety", "--config", str(config_path),
+    r = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "model", "eval", "--safety", "--config", str(config_path),
                         str(stats_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return {az: z["share"] for az, z in json.loads(r.stdout)["zones"].items()}

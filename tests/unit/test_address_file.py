@@ -1,11 +1,11 @@
 """Listen port 0 and --address-file: the daemons' side of "children bind port 0 and report
-the port they got" (azprobe/address_file.py)."""
+the port they got" (azprobe/daemon/address_file.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from azprobe.address_file import format_host_port, read_address_file, wait_for_address_file, write_address_file
+from azprobe.daemon.address_file import format_host_port, read_address_file, wait_for_address_file, write_address_file
 from azprobe.agent.config import parse_agent_config
 from azprobe.config import parse_host_port
 from azprobe.controller.config import bound_advertise

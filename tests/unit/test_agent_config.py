@@ -83,7 +83,7 @@ def test_bad_node_addresses_exit_2_with_one_line(tmp_path):
 
     f = tmp_path / "a.toml"
     f.write_text('[node]\naz = "az-a"\naddresses = ["198.18.1.999"]\n[topology]\naz-a = ["198.18.1.0/24"]\n')
-    proc = subprocess.run([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(f)],
+    proc = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "agent", "--config", str(f)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [

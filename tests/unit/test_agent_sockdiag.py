@@ -100,7 +100,7 @@ def test_collector_setting_is_checked():
 
 
 def test_doctor_names_the_collector_and_why():
-    from azprobe.doctor import check_collector, fail, ok
+    from azprobe.commands.doctor import check_collector, fail, ok
 
     good = [ok("btf", "present")]
     bad = good + [fail("bcc.compile", "cannot load BPF program empty.bpf.c: boom", "install headers")]

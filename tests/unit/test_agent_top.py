@@ -1,5 +1,5 @@
 from azprobe.contracts.sketch import Histogram
-from azprobe.top import render_table, summarise
+from azprobe.commands.top import render_table, summarise
 from azprobe.contracts.window import PathStats, Utilisation, Window
 
 

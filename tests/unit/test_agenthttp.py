@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from azprobe.agenthttp import Endpoint, HttpError, Response, _Connection
+from azprobe.clients.transport import Endpoint, HttpError, Response, _Connection
 
 
 class Transport:

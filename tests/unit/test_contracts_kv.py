@@ -2,7 +2,7 @@
 
 import pytest
 
-from azprobe.consul import ConsulSettings
+from azprobe.clients.consul import ConsulSettings
 from azprobe.contracts import kv
 
 

@@ -78,7 +78,7 @@ def test_forget_time_defaults_to_three_evaluation_windows():
 def test_cli_exits_2_with_one_line(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('[agents]\nstatic = ["http://198.18.1.2:9740"]\n[safety]\nstale_after_s = -1\n')
-    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+    out = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "controller", "--config", str(config)],
                          cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [out.stderr.strip()]
@@ -88,7 +88,7 @@ def test_cli_exits_2_with_one_line(tmp_path):
 def test_topology_azs_is_required_exit_2_naming_the_fix(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('[agents]\nstatic = ["http://198.18.1.2:9740"]\n')
-    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+    out = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "controller", "--config", str(config)],
                          cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip() == ('azprobe: topology.azs: is required (list your AZs, e.g. '
@@ -135,7 +135,7 @@ def test_agents_token_file_of_mode_0644_is_refused_at_start(tmp_path):
     token.chmod(0o644)
     config = tmp_path / "c.toml"
     config.write_text(f'[agents]\ndiscover = "consul"\ntoken_file = "{token}"\n[topology]\nazs = ["az-a"]\n')
-    out = subprocess.run([sys.executable, "-m", "azprobe.cli", "controller", "--config", str(config)],
+    out = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "controller", "--config", str(config)],
                          cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip() == (f"azprobe: agents.token_file: {token} has mode 0644: other users may read or "

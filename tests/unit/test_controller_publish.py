@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 
-from azprobe.consul import ConsulSettings
+from azprobe.clients.consul import ConsulSettings
 from azprobe.contracts.weights import ZoneWeights, parse_weights
 from azprobe.controller.controls import parse_controls
 from azprobe.controller.publish import GLOBAL_VIEW, Publisher, WeightsView

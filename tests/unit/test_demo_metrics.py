@@ -226,7 +226,7 @@ def _window(seq: int, paths: list[dict]) -> "object":
 
 
 def test_view_paths_merge_windows_per_path() -> None:
-    from azprobe.top import summarise
+    from azprobe.commands.top import summarise
 
     p = {"src": "az-a", "dst": "az-b", "conn_attempts": 10, "conn_ok": 9, "conn_timeout": 1,
          "syn_retrans": 2, "rto": 1, "rtt_us": {"scheme": "loglin-16", "counts": {"196608": 5}}}
@@ -243,7 +243,7 @@ def test_view_paths_merge_windows_per_path() -> None:
 
 def test_render_shows_phase_paths_zones_and_figures() -> None:
     from azprobe.dev.demo.view import ViewState, ZoneRow, render, render_line
-    from azprobe.top import PathSummary
+    from azprobe.commands.top import PathSummary
 
     state = ViewState(
         scenario="delay-loss", description="az-b sick", phase="fault", phase_elapsed_s=3.0,

@@ -7,7 +7,7 @@ import email.utils
 
 import pytest
 
-from azprobe import doctor
+from azprobe.commands import doctor
 
 
 def date_header(ts: float) -> str:

@@ -4,22 +4,23 @@ The package is a stack of layers; a module may import its own group and any grou
 LOWER layer, nothing else:
 
   0  contracts    azprobe.contracts (window, weights, sketch): imports nothing else of azprobe
-  1  foundation   azprobe (the package), azprobe.errors, azprobe.config, azprobe.consul,
-                  azprobe.sdnotify, azprobe.address_file, azprobe.agenthttp,
-                  azprobe.agentclient, azprobe.bpf: shared plumbing, knows no role
+  1  foundation   azprobe (the package), azprobe.errors, azprobe.config, azprobe.bpf, and
+                  two subpackages that know no role: azprobe.clients (the HTTP transport,
+                  the agent's windows API, Consul) and azprobe.daemon (systemd notify,
+                  address files)
   2  roles        azprobe.agent | azprobe.controller | azprobe.consumers: three separate
                   groups, so agent and controller never import each other, and consumers
                   (weights CLI, watcher, envoy-eds, explain) import neither
-  3  tools        azprobe.doctor, azprobe.cli, azprobe.top, azprobe.trace: the operator's
-                  top-level commands. They import downward, which includes the roles:
-                  the doctor checks an agent's or controller's config with the daemon's
-                  own parser (azprobe.agent.config, azprobe.controller.config) and
-                  compiles the probe with the agent's loader (azprobe.agent.probe), so it
-                  tests what the daemon will do, not a copy of it
+  3  commands     azprobe.commands (cli, doctor, top, trace): the operator's top-level
+                  commands. They import downward, which includes the roles: the doctor
+                  checks an agent's or controller's config with the daemon's own parser
+                  (azprobe.agent.config, azprobe.controller.config) and compiles the probe
+                  with the agent's loader (azprobe.agent.probe), so it tests what the
+                  daemon will do, not a copy of it
   4  dev          azprobe.dev (lab, devconsul, demo): may import anything; nothing imports it
 
 So production code (everything but azprobe.dev) never imports azprobe.dev. The CLI's lazy
-"module:attr" table in azprobe/cli.py names dev tools in strings; strings are not
+"module:attr" table in azprobe/commands/cli.py names dev tools in strings; strings are not
 imports (a node install leaves azprobe.dev out and the CLI says so).
 
 Every import statement counts, also one inside a function (a lazy import is still a
@@ -44,13 +45,12 @@ PACKAGE_DIRS = {"azprobe": "azprobe", "agent": "azprobe.agent", "controller": "a
 # "azprobe" itself is the package's __init__ only (azprobe.newthing is in no layer).
 LAYERS: dict[tuple[int, str], tuple[str, ...]] = {
     (0, "contracts"): ("azprobe.contracts",),
-    (1, "foundation"): ("azprobe", "azprobe.errors", "azprobe.config", "azprobe.consul", "azprobe.sdnotify",
-                        "azprobe.address_file", "azprobe.agenthttp", "azprobe.agentclient",
+    (1, "foundation"): ("azprobe", "azprobe.errors", "azprobe.config", "azprobe.clients", "azprobe.daemon",
                         "azprobe.bpf"),
     (2, "agent"): ("azprobe.agent",),
     (2, "controller"): ("azprobe.controller",),
     (2, "consumers"): ("azprobe.consumers",),
-    (3, "tools"): ("azprobe.doctor", "azprobe.cli", "azprobe.top", "azprobe.trace"),
+    (3, "commands"): ("azprobe.commands",),
     (4, "dev"): ("azprobe.dev",),
 }
 
@@ -162,10 +162,10 @@ def test_the_walk_reads_the_whole_package() -> None:
     installed names, and lazy imports inside functions are seen."""
     modules = package_modules()
     for name in ("azprobe.contracts.window", "azprobe.agent.main", "azprobe.controller.main", "azprobe.bpf",
-                 "azprobe.consumers.watch", "azprobe.doctor", "azprobe.cli", "azprobe.dev.devconsul.http"):
+                 "azprobe.consumers.watch", "azprobe.commands.doctor", "azprobe.commands.cli", "azprobe.dev.devconsul.http"):
         assert name in modules, name
     assert not any(name.startswith(("agent", "controller", "bpf")) for name in modules)
-    doctor_imports = {name for _, name in imported_names(modules["azprobe.doctor"], set(modules))}
+    doctor_imports = {name for _, name in imported_names(modules["azprobe.commands.doctor"], set(modules))}
     assert "azprobe.controller.config" in doctor_imports  # a function-level import in the doctor
 
 
@@ -209,18 +209,18 @@ def test_consumers_import_no_role_and_no_dev_tool() -> None:
 
 
 def test_tools_import_downward_but_not_the_dev_tools() -> None:
-    assert _rules_broken(azprobe__doctor="def f():\n    from azprobe.controller.config import load_config\n"
+    assert _rules_broken(azprobe__commands__doctor="def f():\n    from azprobe.controller.config import load_config\n"
                                          "    from azprobe.agent.config import load_agent_config\n",
-                         azprobe__cli="from azprobe.dev.demo import runner\n"
+                         azprobe__commands__cli="from azprobe.dev.demo import runner\n"
                                       "COMMANDS = {'lab': 'azprobe.dev.lab.cli:lab_group'}\n") == [
-        ("azprobe.cli", "azprobe.dev.demo")]
+        ("azprobe.commands.cli", "azprobe.dev.demo")]
 
 
 def test_foundation_does_not_reach_up_and_dev_may_import_anything() -> None:
-    assert _rules_broken(azprobe__consul="from azprobe.controller.leader import LeaderElection\n",
+    assert _rules_broken(azprobe__clients__consul="from azprobe.controller.leader import LeaderElection\n",
                          azprobe__dev__demo__runner="import azprobe.controller.main, azprobe.agent.main\n"
-                                                    "from azprobe import doctor\n") == [
-        ("azprobe.consul", "azprobe.controller.leader")]
+                                                    "from azprobe.commands import doctor\n") == [
+        ("azprobe.clients.consul", "azprobe.controller.leader")]
 
 
 def test_relative_imports_are_resolved() -> None:

@@ -13,7 +13,7 @@ import pytest
 from azprobe.contracts.weights import ZoneWeights
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-AZPROBE = [sys.executable, "-m", "azprobe.cli"]
+AZPROBE = [sys.executable, "-m", "azprobe.commands.cli"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -29,7 +29,7 @@ def test_agent_config_refuses_a_node_name_the_controller_would_refuse(name):
 def test_agent_cli_exits_2_with_one_line_for_an_empty_node_name(tmp_path):
     cfg = tmp_path / "agent.toml"
     cfg.write_text('[node]\nname = ""\naz = "az-a"\n[topology]\naz-a = ["198.18.1.0/24"]\n')
-    proc = subprocess.run([sys.executable, "-m", "azprobe.cli", "agent", "--config", str(cfg)],
+    proc = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "agent", "--config", str(cfg)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

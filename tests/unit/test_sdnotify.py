@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from azprobe import sdnotify
+from azprobe.daemon import sdnotify
 
 
 class Receiver:

@@ -61,7 +61,7 @@ def test_a_drained_zone_is_shown_as_failover_only_with_envoys_real_split():
 
 
 def test_the_cli_refuses_a_document_from_the_future():
-    from azprobe.consul import KeyState
+    from azprobe.clients.consul import KeyState
     from azprobe.consumers.weights_cli import decode_or_explain
     from azprobe.errors import AzprobeError
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from azprobe.config import Section
-from azprobe.consul import (ConsulSettings, TxnConflict, backoff_delay, make_client, next_index,
+from azprobe.clients.consul import (ConsulSettings, TxnConflict, backoff_delay, make_client, next_index,
                             normalize_address, op_check_session, op_set, rate_limit_delay)
 from azprobe.errors import ConfigError
 from tests.helpers import write_secret

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from azprobe.agenthttp import MAX_BODY_BYTES
+from azprobe.clients.transport import MAX_BODY_BYTES
 from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
 from azprobe.contracts.windowcodec import (

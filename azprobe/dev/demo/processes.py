@@ -18,7 +18,7 @@ from azprobe.errors import PrerequisiteError
 def azprobe_argv(*args: str) -> list[str]:
     """Run an azprobe subcommand with this interpreter (the venv), not whatever
     `azprobe` happens to be first on PATH."""
-    return [sys.executable, "-m", "azprobe.cli", *args]
+    return [sys.executable, "-m", "azprobe.commands.cli", *args]
 
 
 class ManagedProcess:

@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Self
 
-from azprobe.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
+from azprobe.clients.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client
 from azprobe.dev.demo.metrics import KvSample
 from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from azprobe.address_file import format_host_port, wait_for_address_file
+from azprobe.daemon.address_file import format_host_port, wait_for_address_file
 from azprobe.dev.demo import DEMO_LAB_NAME
 from azprobe.dev.demo.configs import ControllerPlan, agent_config_for_demo, controller_config
 from azprobe.dev.demo.metrics import DrillMetrics, FaultEvent, KvSample, compute_metrics
@@ -37,9 +37,9 @@ from azprobe.dev.demo.recorder import KvRecorder, LeaderRecorder
 from azprobe.dev.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
 from azprobe.dev.demo.view import ViewState, zone_rows
 from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ
-from azprobe.top import summarise
+from azprobe.commands.top import summarise
 from azprobe.errors import PrerequisiteError
-from azprobe.agentclient import WindowReader
+from azprobe.clients.agent import WindowReader
 from azprobe.contracts.window import Window
 
 log = logging.getLogger(__name__)

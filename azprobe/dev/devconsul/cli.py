@@ -12,7 +12,7 @@ import sys
 import click
 from aiohttp import web
 
-from azprobe.address_file import format_host_port, write_address_file
+from azprobe.daemon.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port, read_token_file
 from azprobe.dev.devconsul.connlimit import DEFAULT_MAX_CONNS_PER_CLIENT, ConnLimiter
 from azprobe.errors import AzprobeError, ConfigError

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from azprobe.address_file import wait_for_address_file
+from azprobe.daemon.address_file import wait_for_address_file
 
 
 class DevConsul:

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from azprobe.consul import ConsulSettings, make_client
+from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.contracts.weights import WeightsDoc, ZoneWeights
 from azprobe.dev.demo.runner import LoopStack
 from azprobe.dev.drill.metrics import Request, time_bins

@@ -15,8 +15,8 @@ from azprobe.errors import AzprobeError
 # command name -> ("module:attribute" of a click.Command, one-line help for the listing)
 COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("azprobe.agent.main:agent_command", "Run the node agent: load the probe, serve windows."),
-    "top": ("azprobe.top:top_command", "Live per-path table from an agent."),
-    "trace": ("azprobe.trace:trace_command", "Live view of SYN retransmits, RTOs, failed connects."),
+    "top": ("azprobe.commands.top:top_command", "Live per-path table from an agent."),
+    "trace": ("azprobe.commands.trace:trace_command", "Live view of SYN retransmits, RTOs, failed connects."),
     "lab": ("azprobe.dev.lab.cli:lab_group", "Simulated availability zones in network namespaces."),
     "devconsul": ("azprobe.dev.devconsul.cli:devconsul_command", "Embedded Consul-API server for dev and tests."),
     "weights": ("azprobe.consumers.weights_cli:weights_command", "Show the weights in Consul KV."),
@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("azprobe.controller.main:controller_command", "Run the controller: windows in, weights out."),
     "model": ("azprobe.controller.model_cli:model_group", "Evaluate weight models on given stats."),
     "explain": ("azprobe.consumers.explain:explain_command", "Why each AZ has the weight it has."),
-    "doctor": ("azprobe.doctor:doctor_command", "Preflight checks for the agent or controller."),
+    "doctor": ("azprobe.commands.doctor:doctor_command", "Preflight checks for the agent or controller."),
 }
 
 

@@ -260,7 +260,7 @@ def consul_checks(settings: Any) -> Iterator[Check]:
 
 
 def acl_checks(settings: Any) -> Iterator[Check]:
-    from azprobe import consul as kv
+    from azprobe.clients import consul as kv
     from azprobe.contracts.kv import doctor_name
 
     client = kv.make_client(settings)
@@ -319,7 +319,7 @@ def agents_checks(urls: list[str], timeout_s: float) -> Iterator[Check]:
 
 
 def controller_checks(config_path: str | None) -> Iterator[Check]:
-    from azprobe.consul import ConsulSettings
+    from azprobe.clients.consul import ConsulSettings
 
     if config_path:
         from azprobe.controller.config import load_config
@@ -352,7 +352,7 @@ def run_checks(role: Role, config_path: str | None) -> list[Check]:
         # Agents need Consul only when they register for discovery; check it when the
         # operator points at one.
         if os.environ.get("CONSUL_HTTP_ADDR"):
-            from azprobe.consul import ConsulSettings
+            from azprobe.clients.consul import ConsulSettings
 
             checks.extend(consul_checks(ConsulSettings.from_env()))
     else:

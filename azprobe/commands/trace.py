@@ -8,7 +8,7 @@ import time
 
 import click
 
-from azprobe.top import DEFAULT_AGENT, TOKEN_FILE_HELP, fetch_json, token_from_option
+from azprobe.commands.top import DEFAULT_AGENT, TOKEN_FILE_HELP, fetch_json, token_from_option
 
 
 def format_event(event: dict) -> str:

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from azprobe.agenthttp import MAX_BODY_BYTES, AgentHttpClient, Endpoint, HttpError
+from azprobe.clients.transport import MAX_BODY_BYTES, AgentHttpClient, Endpoint, HttpError
 from azprobe.contracts.window import Window, WindowError, printable
 from azprobe.contracts.windowcodec import ACCEPT_BOTH, WindowsPage, decode_page
 

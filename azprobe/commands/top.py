@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from azprobe.agentclient import WindowReader, request_headers
-from azprobe.agenthttp import HttpError
+from azprobe.clients.agent import WindowReader, request_headers
+from azprobe.clients.transport import HttpError
 from azprobe.contracts import bounded_json
 from azprobe.config import read_token_file
 from azprobe.errors import ConfigError, PrerequisiteError

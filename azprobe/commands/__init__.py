@@ -1,0 +1,1 @@
+"""The operator's commands: the CLI entry point, doctor, top, trace."""
