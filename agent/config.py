@@ -13,16 +13,26 @@ from azprobe import bpf
 from azprobe.config import Section, load_toml, parse_host_port, parse_topology, read_token_file
 from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, MIN_INTERVAL_S, name_problem, printable
 from azprobe.errors import ConfigError
+from azprobe.security.tls import TlsFiles, parse_tls_files
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_LISTEN = "0.0.0.0:9740"
+# Seconds per window: a fault shows in a published window half a second sooner than with
+# 1 s windows, for twice the (small) cost of draining the maps (bench/loop.py --config shipped).
+DEFAULT_INTERVAL_S = 0.5
 # "auto": the BPF probe, or the sock_diag sampler where the probe cannot load.
 COLLECTORS = ("auto", "bpf", "sockdiag")
 # RTT sampling (docs/probe.md "RTT sampling"): tcp_probe takes the segments of one kernel
 # tick in every `rtt_sample_ticks`. A power of two, so the program tests it with one AND.
 RTT_SAMPLE_TICKS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_RTT_SAMPLE_TICKS = 4
+# Per-destination-host summaries (docs/probe.md "Hosts"): the kernel table's size. 256
+# covers a node talking to a few hundred backends; a window with all of them is ~40 KB
+# of JSON, and a windows page carries at most MAX_HOSTS_LIMIT summaries (agent/main.py),
+# ~0.5 MB, within the controller's 1 MiB bound. 0: no host evidence, no cost.
+DEFAULT_MAX_HOSTS = 256
+MAX_HOSTS_LIMIT = 2048
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,11 @@ class AgentConfig:
     # This node's local addresses; empty: every socket the kernel sees is this node's.
     addresses: tuple[IPAddress, ...] = ()
     rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS
+    max_hosts: int = DEFAULT_MAX_HOSTS
+    # [agent.tls]: HTTPS only, with this node's certificate; clients must present one
+    # signed by ca_file, and carry the SAN client_identity when it is set.
+    tls: TlsFiles | None = None
+    client_identity: str = ""
 
 
 def parse_node_addresses(section: Section, key: str = "addresses") -> tuple[IPAddress, ...]:
@@ -84,7 +99,7 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
                               f"use 1..{limit} of letters, digits, '.', '_', '-'"
                               + (" (set it explicitly: the host name does not fit)" if key == "name" else ""))
     listen = parse_host_port(agent.string("listen", DEFAULT_LISTEN), agent.field("listen"), listen=True)
-    interval_s = agent.number("interval_s", 1.0, min=MIN_INTERVAL_S, max=60.0)
+    interval_s = agent.number("interval_s", DEFAULT_INTERVAL_S, min=MIN_INTERVAL_S, max=60.0)
     ring_size = agent.integer("ring_size", 300, min=1, max=100_000)
     token_file = agent.string("token_file", "")
     token = read_token_file(token_file, agent.field("token_file")) if token_file else ""
@@ -96,6 +111,11 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
     if rtt_sample_ticks not in RTT_SAMPLE_TICKS:
         raise ConfigError(agent.field("rtt_sample_ticks"), f"{rtt_sample_ticks} is not a power of two",
                           f"use one of {', '.join(map(str, RTT_SAMPLE_TICKS))} (1: every segment)")
+    max_hosts = agent.integer("max_hosts", DEFAULT_MAX_HOSTS)
+    if not 0 <= max_hosts <= MAX_HOSTS_LIMIT:
+        raise ConfigError(agent.field("max_hosts"), f"{max_hosts} is outside 0..{MAX_HOSTS_LIMIT}",
+                          f"use 1..{MAX_HOSTS_LIMIT} host summaries per node, or 0 for none")
+    tls, client_identity = _agent_tls(agent)
     agent.reject_unknown()
     root.reject_unknown()
     if not topology:
@@ -105,7 +125,21 @@ def parse_agent_config(doc: Mapping[str, Any]) -> AgentConfig:
                           f"use one of {', '.join(sorted(topology))}")
     return AgentConfig(node=name, az=az, listen=listen, interval_s=interval_s,
                        ring_size=ring_size, topology=topology, token_file=token_file, token=token,
-                       collector=collector, addresses=addresses, rtt_sample_ticks=rtt_sample_ticks)
+                       collector=collector, addresses=addresses, rtt_sample_ticks=rtt_sample_ticks,
+                       max_hosts=max_hosts, tls=tls, client_identity=client_identity)
+
+
+def _agent_tls(agent: Section) -> tuple[TlsFiles | None, str]:
+    """[agent.tls]: cert_file, key_file, ca_file (required: mutual TLS), client_identity."""
+    if not agent.has("tls"):
+        return None, ""
+    table = agent.section("tls")
+    client_identity = table.string("client_identity", "")
+    files = parse_tls_files(table, table.name, server=True, extra=frozenset({"client_identity"}))
+    if not files.ca_file:
+        raise ConfigError(table.field("ca_file"), "is required: the agent serves only clients signed by it",
+                          "set it to the CA that signs the controller's client certificate")
+    return files, client_identity
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

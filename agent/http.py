@@ -28,10 +28,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from azprobe.agent.httpserver import (BoundedHTTPServer, ConnectionLimits, Pool, Request, Response, Work,
                                      error_response)
+from azprobe.agent.httpserver.tlsserve import ServerTls, TlsHTTPServer
 from azprobe.agent.prom import AgentCollector, MetricsSource
 
 
-class AgentState(MetricsSource, Protocol):
+class ServedState(MetricsSource, Protocol):
     """What the server reads from the agent (agent.main.Agent implements it)."""
 
     def windows_page(self, after: int) -> tuple[dict[str, str], list[Window]]: ...  # ({node, az, boot_id}, windows)
@@ -62,9 +63,9 @@ V1_POOL = Pool(workers=0, slots=64)
 OPEN_POOL = Pool(workers=1, slots=8)
 
 
-def make_server(host: str, port: int, state: AgentState, *, token: str = "",
+def make_server(host: str, port: int, state: ServedState, *, token: str = "",
                 limits: ConnectionLimits = ConnectionLimits(), v1_pool: Pool = V1_POOL,
-                open_pool: Pool = OPEN_POOL) -> BoundedHTTPServer:
+                open_pool: Pool = OPEN_POOL, tls: ServerTls | None = None) -> BoundedHTTPServer:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(state))
     expected = f"Bearer {token}".encode() if token else b""
@@ -114,7 +115,9 @@ def make_server(host: str, port: int, state: AgentState, *, token: str = "",
             return Work("open", healthz)
         return error_response(404, f"no such endpoint {path[:200]}")
 
-    server = BoundedHTTPServer((host, port), route, {"v1": v1_pool, "open": open_pool}, limits)
+    pools = {"v1": v1_pool, "open": open_pool}
+    server = (TlsHTTPServer((host, port), route, pools, limits, tls) if tls is not None
+              else BoundedHTTPServer((host, port), route, pools, limits))
     registry.register(HttpServerCollector(server))
     return server
 
@@ -131,7 +134,9 @@ class HttpServerCollector:
                                 value=server.open_connections)
         closed = CounterMetricFamily(prom.HTTP_CLOSED.name, prom.HTTP_CLOSED.help,
                                      labels=list(prom.HTTP_CLOSED.labels))
-        for reason, n in (("evicted", server.evicted), ("timeout", server.timed_out), ("refused", server.refused)):
+        tls, rotated = (server.tls.refused, server.rotated) if isinstance(server, TlsHTTPServer) else (0, 0)
+        for reason, n in (("evicted", server.evicted), ("timeout", server.timed_out), ("refused", server.refused),
+                          ("tls", tls), ("rotated", rotated)):
             closed.add_metric([reason], n)
         yield closed
         busy = CounterMetricFamily(prom.HTTP_BUSY.name, prom.HTTP_BUSY.help,

@@ -13,19 +13,23 @@ import signal
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS, AgentConfig, load_agent_config
+from azprobe.agent.httpserver.tlsserve import ServerTls
+from azprobe.agent.config import (DEFAULT_MAX_HOSTS, DEFAULT_RTT_SAMPLE_TICKS, MAX_HOSTS_LIMIT, AgentConfig,
+                                  load_agent_config)
+from azprobe.agent.events import EventLog
 from azprobe.agent.http import make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
-from azprobe.agent.probe import Probe, ProbeEvent
+from azprobe.agent.probe import Probe
 from azprobe.agent.sockdiag import SockDiagCollector
 from azprobe.agent.utilisation import UtilisationSampler
-from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot, WindowRing, path_id, path_stats, snapshot_delta, split_path
+from azprobe.agent.windows import (BPF_COUNTER_FIELDS, Snapshot, WindowRing, host_stats, newest_within, path_id,
+                                   path_stats, snapshot_delta, split_path)
 from azprobe.daemon import sdnotify
 from azprobe.daemon.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
@@ -35,7 +39,6 @@ from azprobe.contracts.window import HISTOGRAM_FIELDS, Utilisation, Window
 
 log = logging.getLogger("azprobe.agent")
 
-EVENT_RING_SIZE = 1000
 HEALTHY_AFTER_INTERVALS = 3
 
 
@@ -66,11 +69,9 @@ class Agent:
         # Cumulative latency histograms per path, summed from the windows: /metrics.
         self._hist_totals: dict[tuple[str, str], dict[str, Histogram]] = {}
         self._latest_util: Utilisation | None = None
-        self._events: deque[dict] = deque(maxlen=EVENT_RING_SIZE)
-        self._event_id = 0
-        self._event_totals: Counter = Counter()
-        self._interval_events: Counter = Counter()
+        self.events = EventLog()
         self._server = None
+        self.tls: ServerTls | None = None  # [agent.tls], built at start
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -89,20 +90,24 @@ class Agent:
     @property
     def url(self) -> str:
         host, port = self.bound_address
-        return f"http://{format_host_port('127.0.0.1' if host in ('0.0.0.0', '') else host, port)}"
+        scheme = "https" if self.config.tls else "http"
+        return f"{scheme}://{format_host_port('127.0.0.1' if host in ('0.0.0.0', '') else host, port)}"
 
     def start(self) -> None:
         if self._probe is None:
-            self._probe = load_collector(self.config.collector, self.config.rtt_sample_ticks)
+            self._probe = load_collector(self.config.collector, self.config.rtt_sample_ticks, self.config.max_hosts)
         self._apply(self.config)
-        self.probe.open_events(self._record_event)
+        self.probe.open_events(lambda event: self.events.record(event, self.registry.name_of))
         # Counts from before this start (another agent sharing the probe, or a previous
         # run) are history, not this boot's first window.
+        # HTTPS: a bad certificate or a key others may read is a config error now (exit 2).
+        self.tls = ServerTls(self.config.tls, self.config.client_identity) if self.config.tls else None
         self._prev = self.probe.snapshot(self._rtt_paths())
         self._prev_end = time.time()
         self._last_tick = time.monotonic()
         try:
-            self._server = make_server(self.listen[0], self.listen[1], self, token=self.config.token)
+            self._server = make_server(self.listen[0], self.listen[1], self, token=self.config.token,
+                                       tls=self.tls)
         except OSError as exc:
             raise PrerequisiteError(f"agent.listen {self.listen[0]}:{self.listen[1]}: {exc.strerror}; "
                                     "pass --listen with a free address") from None
@@ -168,10 +173,16 @@ class Agent:
             log.error("reload of %s failed, keeping the old topology: %s", self.config_path, exc)
             return False
         log.info("reloaded topology: %s", ", ".join(sorted(new.topology)))
+        if self.tls is not None:  # the same files, re-read: SIGHUP also says "the certificate changed"
+            self.tls.reload()
         running = getattr(self.probe, "rtt_sample_ticks", None)  # the sock_diag sampler has none
         if running is not None and new.rtt_sample_ticks != running:
             log.warning("[agent] rtt_sample_ticks = %d applies at the next start: the loaded probe keeps %d",
                         new.rtt_sample_ticks, running)
+        table = getattr(self.probe, "max_hosts", None)
+        if table is not None and new.max_hosts != table:
+            log.warning("[agent] max_hosts = %d applies at the next start: the loaded probe keeps %d",
+                        new.max_hosts, table)
         return True
 
     # -- the loop ------------------------------------------------------------------
@@ -204,7 +215,8 @@ class Agent:
                             seq=self._seq, start=self._prev_end, end=max(end, self._prev_end),
                             util=self._util.sample(), paths=path_stats(delta, self.registry.name_of),
                             lost_events=delta.lost_events,
-                            source=getattr(self.probe, "source", "bpf"))
+                            source=getattr(self.probe, "source", "bpf"),
+                            hosts=host_stats(delta, self.registry.name_of), hosts_dropped=delta.hosts_dropped)
             self._prev, self._prev_end = snap, window.end
             for path, values in delta.counters.items():
                 src, dst = split_path(path)
@@ -218,36 +230,22 @@ class Agent:
             self._latest_util = window.util
             self.ring.append(window)
             self._last_tick = time.monotonic()
-            if self._interval_events:
-                log.info("events seq %d: %s", window.seq,
-                         " ".join(f"{k}={n}" for k, n in sorted(self._interval_events.items())))
-                self._interval_events.clear()
+            self.events.log_interval(window.seq)
         if self.on_tick:
             self.on_tick(window)
         return window
 
-    def _record_event(self, event: ProbeEvent) -> None:
-        wall = time.time() - (time.monotonic_ns() - event.ts_ns) / 1e9
-        self._event_id += 1
-        self._events.append({
-            "id": self._event_id, "ts": round(wall, 6), "kind": event.kind,
-            "src": self.registry.name_of(event.src_az_id), "dst": self.registry.name_of(event.dst_az_id),
-            "saddr": event.saddr, "sport": event.sport, "daddr": event.daddr, "dport": event.dport,
-        })
-        self._event_totals[event.kind] += 1
-        self._interval_events[event.kind] += 1
-        log.debug("event %s", self._events[-1])
-
-    # -- what the HTTP server reads (agent.http.AgentState) ---------------------------
+    # -- what the HTTP server reads (agent.http.ServedState) ---------------------------
     def _header(self) -> dict:
         return {"node": self.config.node, "az": self.config.az, "boot_id": self.boot_id}
 
     def windows_page(self, after: int) -> tuple[dict[str, str], list[Window]]:
-        return self._header(), self.ring.after(after)
+        # Host summaries make windows up to ~100x larger: a reader catching up from an
+        # old seq gets the newest windows that fit (config.MAX_HOSTS_LIMIT), not 1 MiB+.
+        return self._header(), newest_within(self.ring.after(after), MAX_HOSTS_LIMIT)
 
     def events_doc(self, after: int) -> dict:
-        events = [e for e in list(self._events) if e["id"] > after]
-        return {**self._header(), "events": events}
+        return {**self._header(), "events": self.events.after(after)}
 
     def healthy(self) -> tuple[bool, str]:
         age = time.monotonic() - self._last_tick
@@ -271,7 +269,7 @@ class Agent:
         return self._latest_util
 
     def event_totals(self) -> dict[str, int]:
-        return dict(self._event_totals)
+        return self.events.totals()
 
     def program_stats(self) -> dict[str, tuple[int, int]]:
         return self.probe.program_stats()
@@ -285,6 +283,8 @@ class Agent:
             "lost_events_total": float(self.probe.lost_events),
             # Connects with no slot to track their outcome (BPF probe only; 0: sock_diag).
             "untracked_connects_total": float(getattr(self.probe, "untracked_connects", 0)),
+            # Host summaries not kept: the probe's host table was full (0: sock_diag).
+            "hosts_dropped_total": float(getattr(self.probe, "hosts_dropped", 0)),
             "topology_prefixes": float(sum(len(n) for n in self.config.topology.values())),
             # The BPF probe's RTT sampling (docs/probe.md); 0: the sock_diag sampler.
             "rtt_sample_ticks": float(getattr(self.probe, "rtt_sample_ticks", 0)),
@@ -293,16 +293,17 @@ class Agent:
         }
 
 
-def load_collector(kind: str, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS) -> Probe | SockDiagCollector:
+def load_collector(kind: str, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS,
+                   max_hosts: int = DEFAULT_MAX_HOSTS) -> Probe | SockDiagCollector:
     """The collector `[agent] collector` names: "bpf", "sockdiag", or "auto" (the BPF
     probe, else the sock_diag sampler, with one log line saying why)."""
     if kind == "sockdiag":
         log.info("collector: sockdiag (configured)")
         return SockDiagCollector()
     if kind == "bpf":
-        return Probe.load(rtt_sample_ticks)
+        return Probe.load(rtt_sample_ticks, max_hosts=max_hosts)
     try:
-        return Probe.load(rtt_sample_ticks)
+        return Probe.load(rtt_sample_ticks, max_hosts=max_hosts)
     except PrerequisiteError as exc:
         log.warning("collector: falling back to sockdiag (socket sampling, no per-segment RTT or "
                     "connect events) because the BPF probe cannot load: %s", exc)

@@ -4,10 +4,12 @@ read the per-CPU maps as cumulative Snapshots and drain the ring buffer of event
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib
-import ipaddress
 import logging
 import os
+import struct
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +17,11 @@ from pathlib import Path
 from azprobe import bpf
 from azprobe.agent import btf
 from azprobe.agent.bpf_syscall import BPFSyscallError, TracingProgram, link_kfuncs
-from azprobe.agent.config import DEFAULT_RTT_SAMPLE_TICKS, RTT_SAMPLE_TICKS
+from azprobe.agent.config import DEFAULT_MAX_HOSTS, DEFAULT_RTT_SAMPLE_TICKS, MAX_HOSTS_LIMIT, RTT_SAMPLE_TICKS
+from azprobe.agent.hosts import HostKey, HostLedger
 from azprobe.agent.lpm import TrieEntry
-from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot
+from azprobe.agent.windows import BPF_COUNTER_FIELDS, Snapshot, address_text
+from azprobe.contracts.window import HOST_COUNTER_FIELDS
 from azprobe.errors import PrerequisiteError
 
 log = logging.getLogger(__name__)
@@ -27,6 +31,9 @@ PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 BTF_VMLINUX = btf.VMLINUX_BTF
 TRACEPOINTS = ("tcp/tcp_probe", "tcp/tcp_retransmit_skb", "tcp/tcp_cong_state_set",
                "tcp/tcp_receive_reset", "sock/inet_sock_set_state")
+
+# struct azp_flow_slot (bpf/azprobe.h): saddr_hi, saddr_lo, daddr_hi, daddr_lo, dport, valid, path.
+FLOW_SLOT = struct.Struct("=QQQQHHI")
 
 EVENT_KINDS = {
     bpf.constant("EV_SYN_RETRANS"): "syn_retrans",
@@ -194,9 +201,57 @@ class ProbeEvent:
     dport: int
 
 
-def _address(raw: bytes) -> str:
-    addr = ipaddress.IPv6Address(bytes(raw))
-    return str(addr.ipv4_mapped or addr)
+def read_counts(program: object, table: str, keys: Iterable[int], width: int, per_cpu: bool) -> dict[int, list[int]]:
+    """Rows of `width` u64 counters of array `table`, one lookup syscall per key,
+    CPUs summed for a per-CPU array."""
+    from bcc.libbcc import lib  # noqa: PLC0415
+    from bcc.utils import get_possible_cpus  # noqa: PLC0415
+
+    fd = program[table.encode()].map_fd
+    ncpu = len(get_possible_cpus()) if per_cpu else 1
+    values = (ctypes.c_uint64 * (width * ncpu))()
+    flat = memoryview(values).cast("B").cast("Q")
+    rows = {}
+    for index in keys:
+        key = ctypes.c_uint32(index)
+        if lib.bpf_lookup_elem(fd, ctypes.byref(key), values) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"reading {table}[{index}]: {os.strerror(err)}")
+        sums = flat[0:width].tolist()
+        for cpu in range(1, ncpu):
+            sums = [a + b for a, b in zip(sums, flat[cpu * width:(cpu + 1) * width].tolist())]
+        rows[index] = sums
+    return rows
+
+
+def flow_rows(program: object) -> dict[int, tuple[HostKey | None, list[int]]]:
+    """The flow-cache slots that hold a flow: the host it goes to and the slot's srtt
+    samples by host RTT bucket, CPUs summed. Empty slots are not read (most are):
+    HostLedger takes a slot's first reading as its baseline."""
+    table = program[b"flow_cache"]
+    if ctypes.sizeof(table.Leaf) != FLOW_SLOT.size:  # the layout changed in azprobe.h but not here
+        raise RuntimeError(f"struct azp_flow_slot is {ctypes.sizeof(table.Leaf)} bytes, FLOW_SLOT {FLOW_SLOT.size}")
+    raw = bytes(read_array(table))
+    owners: dict[int, HostKey] = {}
+    for index, (_, _, daddr_hi, daddr_lo, _, valid, path) in enumerate(FLOW_SLOT.iter_unpack(raw)):
+        if valid:
+            owners[index] = (path, struct.pack("<QQ", daddr_hi, daddr_lo))
+    rows = read_counts(program, "flow_rtt", owners, bpf.constant("HOST_RTT_BUCKETS"), per_cpu=True)
+    return {index: (owners[index], row) for index, row in rows.items()}
+
+
+def read_array(table: object) -> ctypes.Array:
+    """Every value of BPF array `table` in one batch syscall."""
+    from bcc.libbcc import lib  # noqa: PLC0415
+
+    size = table.max_entries
+    keys, values = (table.Key * size)(), (table.Leaf * size)()
+    count, out_batch = ctypes.c_uint32(size), ctypes.c_uint32(0)
+    if lib.bpf_lookup_batch(table.map_fd, None, ctypes.byref(out_batch), ctypes.byref(keys),
+                            ctypes.byref(values), ctypes.byref(count)) != 0 and ctypes.get_errno() != errno.ENOENT:
+        err = ctypes.get_errno()
+        raise OSError(err, f"reading a BPF array in one batch: {os.strerror(err)}")
+    return values
 
 
 class Probe:
@@ -204,18 +259,23 @@ class Probe:
 
     source = "bpf"  # the window's `source`: which collector made it
 
-    def __init__(self, program: object, btf_handlers: Iterable[TracingProgram], rtt_sample_ticks: int) -> None:
+    def __init__(self, program: object, btf_handlers: Iterable[TracingProgram], rtt_sample_ticks: int,
+                 max_hosts: int = DEFAULT_MAX_HOSTS) -> None:
         self.bpf = program
         self.rtt_sample_ticks = rtt_sample_ticks  # RTT samples come from one tick in this many
+        self.max_hosts = max_hosts  # the `hosts` table's size; 0: no host evidence
+        self.host_ledger = HostLedger()
         # The tp_btf handlers, loaded beside BCC's (docs/probe.md "BTF-typed tracepoints").
         self.btf_handlers = list(btf_handlers)
         self._on_event: Callable[[ProbeEvent], None] | None = None
 
     @classmethod
     def load(cls, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS,
-             connect_set_bits: int | None = None, btf_path: Path = btf.VMLINUX_BTF) -> "Probe":
+             connect_set_bits: int | None = None, btf_path: Path = btf.VMLINUX_BTF,
+             max_hosts: int = DEFAULT_MAX_HOSTS) -> "Probe":
         """Compile and attach the program; `rtt_sample_ticks` (a power of two, `[agent]
         rtt_sample_ticks`): tcp_probe samples one kernel tick in that many, 1 = every segment.
+        `max_hosts` (`[agent] max_hosts`): the per-destination-host table's size, 0: none.
         `connect_set_bits`: log2 of the sets of connects in flight (default: azprobe.h's);
         tests shrink it to fill a set on purpose. `btf_path`: the kernel's BTF, for the
         tp_btf hooks (tests point it at nothing to get the classic hooks)."""
@@ -225,12 +285,16 @@ class Probe:
             connect_set_bits = bpf.constant("CONNECT_SET_BITS")
         if not 0 <= connect_set_bits <= 16:
             raise ValueError(f"connect_set_bits must be 0..16, not {connect_set_bits}")
+        if not 0 <= max_hosts <= MAX_HOSTS_LIMIT:
+            raise ValueError(f"max_hosts must be 0..{MAX_HOSTS_LIMIT}, not {max_hosts}")
         check_prerequisites()
-        cflags = [f"-DAZP_RTT_SAMPLE_MASK={rtt_sample_ticks - 1}", f"-DAZP_CONNECT_SET_BITS={connect_set_bits}"]
+        cflags = [f"-DAZP_RTT_SAMPLE_MASK={rtt_sample_ticks - 1}", f"-DAZP_CONNECT_SET_BITS={connect_set_bits}",
+                  f"-DAZP_MAX_HOSTS={max_hosts}"]
         if tracepoint_has_field("tcp/tcp_retransmit_skb", "err"):
             cflags.append("-DAZP_HAVE_RETRANSMIT_ERR")
         cflags += ephemeral_port_cflags()
-        probe = cls(*load_program(cflags, btf_hooks(btf_path)), rtt_sample_ticks=rtt_sample_ticks)
+        probe = cls(*load_program(cflags, btf_hooks(btf_path)), rtt_sample_ticks=rtt_sample_ticks,
+                    max_hosts=max_hosts)
         log.info("hooks: %s tracepoints", "BTF-typed" if probe.btf_handlers else "classic")
         return probe
 
@@ -274,6 +338,13 @@ class Probe:
         with no outcome: docs/probe.md "What a connection costs"."""
         return sum(cpu.untracked_connects for cpu in self.bpf[b"probe_stats"][ctypes.c_int(0)])
 
+    @property
+    def hosts_dropped(self) -> int:
+        """Host summaries not kept since load: connects to a host the full `hosts` table
+        had no room for (counted by the program), and readings of samples whose host was
+        not in the table (HostLedger.dropped)."""
+        return sum(cpu.hosts_dropped for cpu in self.bpf[b"probe_stats"][ctypes.c_int(0)]) + self.host_ledger.dropped
+
     def set_node_addresses(self, keys: list[bytes]) -> None:
         """Keep only sockets whose local address is one of `keys` (16-byte trie form,
         agent.lpm.address_key); none: every socket. The filter goes on only once the
@@ -309,24 +380,9 @@ class Probe:
 
     def _read_rows(self, table: str, paths: Iterable[int], per_cpu: bool) -> dict[int, dict[int, int]]:
         """Histogram rows (struct azp_hist_row: NUM_BUCKETS counters per path) of `table`,
-        one lookup syscall per path, CPUs summed for a per-CPU array; only non-empty rows."""
-        from bcc.libbcc import lib  # noqa: PLC0415
-        from bcc.utils import get_possible_cpus  # noqa: PLC0415
-
-        fd = self.bpf[table.encode()].map_fd
-        buckets = bpf.constant("NUM_BUCKETS")
-        ncpu = len(get_possible_cpus()) if per_cpu else 1
-        values = (ctypes.c_uint64 * (buckets * ncpu))()
-        flat = memoryview(values).cast("B").cast("Q")
+        CPUs summed for a per-CPU array; only non-empty rows."""
         rows = {}
-        for path in paths:
-            key = ctypes.c_uint32(path)
-            if lib.bpf_lookup_elem(fd, ctypes.byref(key), values) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"reading {table}[{path}]: {os.strerror(err)}")
-            sums = flat[0:buckets].tolist()
-            for cpu in range(1, ncpu):
-                sums = [a + b for a, b in zip(sums, flat[cpu * buckets:(cpu + 1) * buckets].tolist())]
+        for path, sums in read_counts(self.bpf, table, paths, bpf.constant("NUM_BUCKETS"), per_cpu).items():
             row = {i: n for i, n in enumerate(sums) if n}
             if row:
                 rows[path] = row
@@ -351,7 +407,27 @@ class Probe:
         connected = [path for path, sums in snap.counters.items() if sums["conn_ok"]]
         for path, row in self._read_rows("connect_rows", connected, per_cpu=False).items():
             snap.hists[(path, connect_kind)] = row
+        if self.max_hosts:
+            snap.hosts = self._read_hosts()
+        snap.hosts_dropped = self.hosts_dropped
         return snap
+
+    def _read_hosts(self) -> dict[tuple[int, bytes, int], tuple[int, ...]]:
+        """The hosts' cumulative values (agent/hosts.py), after deleting the idle ones
+        from the table. A connect counted on a host between this read and its deletion is
+        lost: that host had been idle for a minute."""
+        table = self.bpf[b"hosts"]
+        counters: dict[HostKey, tuple[int, ...]] = {}
+        for key, per_cpu in self._items(table):
+            counters[(key.path, bytes(key.addr))] = tuple(sum(getattr(cpu, name) for cpu in per_cpu)
+                                                          for name in HOST_COUNTER_FIELDS)
+        readings, idle = self.host_ledger.read(counters, flow_rows(self.bpf), time.monotonic())
+        for path, addr in idle:
+            try:
+                del table[table.Key(path, 0, (ctypes.c_ubyte * 16)(*addr))]
+            except KeyError:
+                pass
+        return readings
 
     # -- events --------------------------------------------------------------------
     def open_events(self, on_event: Callable[[ProbeEvent], None]) -> None:
@@ -371,8 +447,8 @@ class Probe:
             receiver = self._on_event
             if receiver is not None:
                 receiver(ProbeEvent(ts_ns=raw.ts_ns, kind=EVENT_KINDS.get(raw.kind, str(raw.kind)),
-                                    src_az_id=src, dst_az_id=dst, saddr=_address(raw.saddr),
-                                    sport=raw.sport, daddr=_address(raw.daddr), dport=raw.dport))
+                                    src_az_id=src, dst_az_id=dst, saddr=address_text(raw.saddr),
+                                    sport=raw.sport, daddr=address_text(raw.daddr), dport=raw.dport))
 
         self.bpf[b"events"].open_ring_buffer(handle)
 

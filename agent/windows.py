@@ -6,14 +6,16 @@ the window is the difference to the previous one. Pure code: tested without a ke
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from azprobe import bpf
 from azprobe.contracts.sketch import Histogram, bucket_lower_bound
-from azprobe.contracts.window import COUNTER_FIELDS, PathStats, Window
+from azprobe.contracts.window import COUNTER_FIELDS, HOST_COUNTER_FIELDS, HostStats, PathStats, Window
 
 # Counters per path in BPF order (struct azp_path_counters). `syn_rto` is not part of the
 # window contract; it goes to /metrics only.
@@ -27,6 +29,10 @@ class Snapshot:
     counters: dict[int, dict[str, int]] = field(default_factory=dict)
     hists: dict[tuple[int, int], dict[int, int]] = field(default_factory=dict)
     lost_events: int = 0
+    # (path, 16-byte address, epoch) -> HOST_COUNTER_FIELDS then the RTT bucket counts
+    # (agent/hosts.py); hosts_dropped: host summaries not kept (a full table).
+    hosts: dict[tuple[int, bytes, int], tuple[int, ...]] = field(default_factory=dict)
+    hosts_dropped: int = 0
 
 
 def _diff(cur: Mapping, prev: Mapping) -> dict:
@@ -38,6 +44,12 @@ def _diff(cur: Mapping, prev: Mapping) -> dict:
         if d:
             out[key] = d
     return out
+
+
+def counts_since(cur: Sequence[int], prev: Sequence[int]) -> tuple[int, ...]:
+    """Element-wise `cur - prev` of two cumulative count vectors (`prev` may be shorter:
+    missing counts are 0); as in _diff, a count below its previous one counts afresh."""
+    return tuple(c - p if c >= p else c for c, p in itertools.zip_longest(cur, prev[:len(cur)], fillvalue=0))
 
 
 def snapshot_delta(cur: Snapshot, prev: Snapshot) -> Snapshot:
@@ -52,7 +64,14 @@ def snapshot_delta(cur: Snapshot, prev: Snapshot) -> Snapshot:
         if d:
             hists[key] = d
     lost = cur.lost_events - prev.lost_events
-    return Snapshot(counters, hists, lost if lost >= 0 else cur.lost_events)
+    hosts = {}
+    for key, values in cur.hosts.items():
+        d = counts_since(values, prev.hosts.get(key, ()))
+        if any(d):
+            hosts[key] = d
+    dropped = cur.hosts_dropped - prev.hosts_dropped
+    return Snapshot(counters, hists, lost if lost >= 0 else cur.lost_events, hosts,
+                    dropped if dropped >= 0 else cur.hosts_dropped)
 
 
 def histogram_from_indexes(counts: Mapping[int, int]) -> Histogram:
@@ -87,6 +106,34 @@ def path_stats(delta: Snapshot, az_name: Callable[[int], str]) -> list[PathStats
         stats.connect_us = histogram_from_indexes(delta.hists.get((path, connect_kind), {}))
         out.append(stats)
     return sorted(out, key=lambda p: (p.src, p.dst))
+
+
+def address_text(raw: bytes) -> str:
+    """A 16-byte probe address (IPv4 as ::ffff:a.b.c.d) in canonical text."""
+    addr = ipaddress.IPv6Address(bytes(raw))
+    return str(addr.ipv4_mapped or addr)
+
+
+def host_stats(delta: Snapshot, az_name: Callable[[int], str]) -> list[HostStats]:
+    """Every host with activity in `delta`, sorted by (src, dst, address)."""
+    n = len(HOST_COUNTER_FIELDS)
+    out = []
+    for (path, addr, _epoch), values in delta.hosts.items():
+        src, dst = split_path(path)
+        out.append(HostStats(az_name(src), az_name(dst), address_text(addr), *values[:n],
+                             rtt_buckets=list(values[n:])))
+    return sorted(out, key=lambda h: (h.src, h.dst, h.addr))
+
+
+def newest_within(windows: list[Window], max_hosts: int) -> list[Window]:
+    """The newest of `windows` (oldest first) whose hosts sum to at most `max_hosts`,
+    and always the newest one: a windows page stays within the reader's size bound. The
+    older ones are left out whole, a gap the controller counts, not a window cut short."""
+    total, start = 0, len(windows)
+    while start > 0 and (start == len(windows) or total + len(windows[start - 1].hosts) <= max_hosts):
+        total += len(windows[start - 1].hosts)
+        start -= 1
+    return windows[start:]
 
 
 class WindowRing:

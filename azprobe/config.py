@@ -188,7 +188,9 @@ def read_secret_file(path: str | Path, field: str) -> bytes:
     its mode (mode & 0o077). A POSIX ACL makes the group bits its mask, so then the ACL
     itself decides: entries for this user are fine (systemd's LoadCredential= hands a
     service its credential as a root-owned 0400 file plus a read ACL for the service's
-    user), any other user or group is refused.
+    user), any other user or group is refused. A root-owned file its group may only read
+    is fine for a non-root reader in that group (PostgreSQL's rule for key files):
+    Kubernetes mounts a Secret so, root:<fsGroup> 0440, for a pod that runs as non-root.
     """
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the start-up.
@@ -206,7 +208,7 @@ def read_secret_file(path: str | Path, field: str) -> bytes:
             raise ConfigError(field, f"{path} is owned by uid {st.st_uid}, not by this user (uid {euid}) or root",
                               f"chown {_user_name(euid)} {path}")
         acl = _acl_entries(fd)
-        if mode & 0o007 or (mode & 0o070 and _acl_grants_others(acl, euid)):
+        if mode & 0o007 or (mode & 0o070 and not _root_group_read(st, acl, euid) and _acl_grants_others(acl, euid)):
             raise ConfigError(field, f"{path} has mode {mode:04o}{' and an ACL' if acl else ''}: "
                               "other users may read or write it",
                               f"setfacl -b {path} && chmod 600 {path}" if acl else f"chmod 600 {path}")
@@ -231,6 +233,15 @@ def _acl_entries(fd: int) -> list[tuple[int, int, int]] | None:
     except OSError:  # ENODATA: no ACL; ENOTSUP: the filesystem has none
         return None
     return [struct.unpack_from("<HHI", raw, offset) for offset in range(4, len(raw) - 7, 8)]
+
+
+def _root_group_read(st: os.stat_result, acl: list[tuple[int, int, int]] | None, euid: int) -> bool:
+    """A non-root reader's root-owned file, readable (not writable) by its group, no ACL,
+    and the group is one of the reader's. Root needs no group to read: for root the group
+    bits are only others' access."""
+    mode = stat.S_IMODE(st.st_mode)
+    return (euid != 0 and st.st_uid == 0 and acl is None and not mode & 0o020
+            and st.st_gid in {os.getegid(), *os.getgroups()})
 
 
 def _acl_grants_others(acl: list[tuple[int, int, int]] | None, euid: int) -> bool:

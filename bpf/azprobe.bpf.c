@@ -45,6 +45,14 @@ BPF_ARRAY(sock_id_anchor, u64, 1); /* its one value's address: see sock_id_of */
 BPF_ARRAY(flow_cache, struct azp_flow_slot, AZP_FLOW_CACHE_SLOTS);
 BPF_PERCPU_ARRAY(rtt_rows, struct azp_hist_row, AZP_MAX_PATHS);
 BPF_PERCPU_ARRAY(probe_stats, struct azp_probe_stats, 1);
+#if AZP_MAX_HOSTS > 0
+/* Per destination host of a path (azprobe.h): connects insert, the rarer handlers only
+ * look up, and tcp_probe never touches the hash: it counts a host's srtt in the per-CPU
+ * row of the flow-cache slot it already holds. The agent deletes hosts idle for a while
+ * (agent/hosts.py), so a full table is one of that many hosts at once, not ever. */
+BPF_PERCPU_HASH(hosts, struct azp_host_key, struct azp_host_counters, AZP_MAX_HOSTS);
+BPF_PERCPU_ARRAY(flow_rtt, struct azp_host_rtt, AZP_FLOW_CACHE_SLOTS);
+#endif
 BPF_RINGBUF_OUTPUT(events, AZP_RINGBUF_PAGES);
 
 
@@ -247,16 +255,20 @@ static __always_inline struct flow_id flow_of(const struct addr_pair *a, u16 dpo
     return f;
 }
 
-/* The cached slot of flow `f`, or NULL. Every key field is compared: a slot holds
- * whichever colliding flow connected last. */
-static __always_inline struct azp_flow_slot *flow_cache_get(const struct flow_id *f)
+/* Slot `slot` of the flow cache when it holds flow `f`, or NULL. Every key field is
+ * compared: a slot holds whichever colliding flow connected last. */
+static __always_inline struct azp_flow_slot *flow_cache_at(u32 slot, const struct flow_id *f)
 {
-    u32 slot = flow_slot(f);
     struct azp_flow_slot *e = flow_cache.lookup(&slot);
     if (!e || !e->valid || e->dport != f->dport || e->daddr_lo != f->daddr_lo || e->saddr_lo != f->saddr_lo ||
         e->daddr_hi != f->daddr_hi || e->saddr_hi != f->saddr_hi)
         return NULL;
     return e;
+}
+
+static __always_inline struct azp_flow_slot *flow_cache_get(const struct flow_id *f)
+{
+    return flow_cache_at(flow_slot(f), f);
 }
 
 /* Remember an opened flow's path (a colliding flow takes the slot over: the other then
@@ -290,6 +302,66 @@ static __always_inline void flow_cache_put(const struct flow_id *f, u32 path)
     asm volatile("" ::: "memory"); /* the key and path before the flag that publishes them */
     e->valid = 1;
 }
+
+/* ---- hosts (AZP_MAX_HOSTS > 0) ------------------------------------------------------
+ * Only destinations in the topology: "other" is everything else, and would fill the table
+ * with hosts no zone has. Every per-CPU field has one writer (connects, failures and
+ * hosts_dropped: inet_sock_set_state; retrans: tcp_retransmit_skb; rto:
+ * tcp_cong_state_set; flow_rtt: tcp_probe), so all take plain increments. */
+#if AZP_MAX_HOSTS > 0
+static __always_inline struct azp_host_key host_key(u32 path, const u8 *daddr16)
+{
+    struct azp_host_key key = {.path = path};
+    __builtin_memcpy(key.addr, daddr16, 16);
+    return key;
+}
+#endif
+
+/* The host's counters, or NULL when it is not in the table (or not in the topology). */
+static __always_inline struct azp_host_counters *host_find(u32 path, const u8 *daddr16)
+{
+#if AZP_MAX_HOSTS > 0
+    if (path % AZP_MAX_AZ == AZP_AZ_OTHER)
+        return NULL;
+    struct azp_host_key key = host_key(path, daddr16);
+    return hosts.lookup(&key);
+#else
+    return NULL;
+#endif
+}
+
+/* A connect's host: found, or inserted while the table has room. A full table leaves the
+ * host out and counts it: never silent. Like a full connect set, which host is left out is
+ * decided before any outcome is known, so the hosts kept are not biased toward health. */
+static __always_inline struct azp_host_counters *host_claim(u32 path, const u8 *daddr16)
+{
+    struct azp_host_counters *h = host_find(path, daddr16);
+#if AZP_MAX_HOSTS > 0
+    if (h || path % AZP_MAX_AZ == AZP_AZ_OTHER)
+        return h;
+    struct azp_host_key key = host_key(path, daddr16);
+    struct azp_host_counters zero = {};
+    int err = hosts.insert(&key, &zero);
+    if (err == 0 || err == -AZP_EEXIST)
+        return hosts.lookup(&key);
+    u32 zero_idx = 0;
+    struct azp_probe_stats *st = probe_stats.lookup(&zero_idx);
+    if (st)
+        st->hosts_dropped += 1;
+#endif
+    return h;
+}
+
+/* One srtt sample (its sketch bucket `bucket`) of the flow in flow-cache slot `slot`. */
+static __always_inline void host_rtt_add(u32 slot, u64 bucket)
+{
+#if AZP_MAX_HOSTS > 0
+    struct azp_host_rtt *r = flow_rtt.lookup(&slot);
+    if (r)
+        r->buckets[azp_host_rtt_bucket((u32)bucket) & (AZP_HOST_RTT_BUCKETS - 1)] += 1;
+#endif
+}
+/* ---- end hosts ---------------------------------------------------------------------- */
 
 static __always_inline void emit(u8 kind, u32 path, const struct addr_pair *a, u16 sport, u16 dport,
                                  u16 family)
@@ -374,6 +446,9 @@ static __always_inline void connect_state_change(u64 sock_id, int newstate, cons
         struct azp_path_counters *c = counters(path);
         if (c)
             c->conn_attempts += 1;
+        struct azp_host_counters *h = host_claim(path, addrs->daddr);
+        if (h)
+            h->connects += 1;
         return;
     }
     /* Leaving SYN_SENT (the only case left): the connect's outcome. */
@@ -401,6 +476,9 @@ static __always_inline void connect_state_change(u64 sock_id, int newstate, cons
                 else
                     c->conn_timeout += 1;
             }
+            struct azp_host_counters *h = host_find(start.path, addrs->daddr);
+            if (h)
+                h->failures += 1;
             emit(kind, start.path, addrs, sport, dport, family);
         }
     }
@@ -444,6 +522,11 @@ static __always_inline void loss_entered(u64 sock_id, const struct addr_pair *ad
             c->syn_rto += 1;
         else
             c->rto += 1;
+    }
+    if (kind == AZP_EV_RTO) {
+        struct azp_host_counters *h = host_find(path, addrs->daddr);
+        if (h)
+            h->rto += 1;
     }
     emit(kind, path, addrs, sport, dport, family);
 }
@@ -563,13 +646,17 @@ BTF_TRACEPOINT(tcp_probe)
     } else {
         return 0;
     }
-    struct azp_flow_slot *e = flow_cache_get(&f);
+    u32 slot = flow_slot(&f);
+    struct azp_flow_slot *e = flow_cache_at(slot, &f);
     if (!e)
         return 0;
     /* tcp_sock.srtt_us holds 8 x the smoothed RTT in µs. */
     const u8 *tp = as_tcp_sock(sk);
-    if (tp)
-        rtt_add(e->path, azp_bucket_index(SK_FIELD(u32, tp, AZP_TP_SRTT_US) >> 3), 1);
+    if (tp) {
+        u64 bucket = azp_bucket_index(SK_FIELD(u32, tp, AZP_TP_SRTT_US) >> 3);
+        rtt_add(e->path, bucket, 1);
+        host_rtt_add(slot, bucket);
+    }
     return 0;
 }
 
@@ -645,9 +732,13 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     } else {
         return 0;
     }
-    struct azp_flow_slot *e = flow_cache_get(&f);
-    if (e)
-        rtt_add(e->path, azp_bucket_index(args->srtt), 1);
+    u32 slot = flow_slot(&f);
+    struct azp_flow_slot *e = flow_cache_at(slot, &f);
+    if (e) {
+        u64 bucket = azp_bucket_index(args->srtt);
+        rtt_add(e->path, bucket, 1);
+        host_rtt_add(slot, bucket);
+    }
     return 0;
 }
 
@@ -701,6 +792,9 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     if (!c)
         return 0;
     c->retrans += 1;
+    struct azp_host_counters *h = host_find(path, addrs.daddr);
+    if (h)
+        h->retrans += 1;
     if (args->state == AZP_TCP_SYN_SENT) {
         c->syn_retrans += 1;
         emit(AZP_EV_SYN_RETRANS, path, &addrs, args->sport,

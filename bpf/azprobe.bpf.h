@@ -43,4 +43,16 @@ static __always_inline u32 azp_bucket_index(u64 v)
     return (u32)((octave - AZP_SUB_BUCKET_BITS + 1) * (1 << AZP_SUB_BUCKET_BITS) + sub);
 }
 
+/* The host RTT bucket (host_rtt_bucket) of a value whose sketch bucket is `index`:
+ * bucket i holds values below 256 us x 4^i, so it follows from the value's octave, which
+ * the index carries (index / 16 + 3 from 16 us up): tcp_probe pays two shifts for it. */
+static __always_inline u32 azp_host_rtt_bucket(u32 index)
+{
+    u32 octave = index < (1U << AZP_SUB_BUCKET_BITS) ? 0 : (index >> AZP_SUB_BUCKET_BITS) + AZP_SUB_BUCKET_BITS - 1;
+    if (octave < AZP_HOST_RTT_FIRST_OCTAVE)
+        return 0;
+    u32 bucket = (octave - AZP_HOST_RTT_FIRST_OCTAVE) / 2 + 1;
+    return bucket < AZP_HOST_RTT_BUCKETS - 1 ? bucket : AZP_HOST_RTT_BUCKETS - 1;
+}
+
 #endif /* AZPROBE_BPF_H */

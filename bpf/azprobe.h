@@ -46,6 +46,17 @@
 /* The helper id tcp_probe's tp_btf handler calls for the kfunc bpf_rdonly_cast, which
  * BCC cannot emit; the agent links it to the kfunc before loading. No helper has it. */
 #define AZP_KFUNC_RDONLY_CAST 32752
+/* Per destination host ([agent] max_hosts; docs/probe.md "Hosts"): a per-CPU hash keyed
+ * (path, destination address) of at most AZP_MAX_HOSTS entries, for destinations in the
+ * topology. A connect to a host the full table has no room for is not inserted and is
+ * counted in probe_stats.hosts_dropped. 0 compiles the host code out. */
+#ifndef AZP_MAX_HOSTS /* the agent passes it (Probe.load) */
+#define AZP_MAX_HOSTS 256
+#endif
+/* A host's RTT sketch, azprobe/contracts/window.py host_rtt_bucket: bucket i counts srtt
+ * samples below 2^AZP_HOST_RTT_FIRST_OCTAVE (256) us x 4^i, the last one everything above. */
+#define AZP_HOST_RTT_BUCKETS 8
+#define AZP_HOST_RTT_FIRST_OCTAVE 8
 /* Event ring buffer (BPF_MAP_TYPE_RINGBUF), in pages: a power of two. */
 #define AZP_RINGBUF_PAGES 64
 
@@ -73,6 +84,7 @@
 #define AZP_IPPROTO_TCP 6
 #define AZP_AF_INET 2
 #define AZP_AF_INET6 10
+#define AZP_EEXIST 17 /* bpf_map_update_elem(BPF_NOEXIST) on a key another CPU just inserted */
 
 /* One LPM key serves IPv4 and IPv6: IPv4 is stored as ::ffff:a.b.c.d (prefix + 96). */
 struct azp_lpm_key {
@@ -114,6 +126,31 @@ struct azp_flow_slot {
 struct azp_probe_stats {
     u64 ring_drops;   /* events the ring buffer had no room for */
     u64 untracked_connects; /* connects whose set in `connecting` was full: no outcome counted */
+    u64 hosts_dropped; /* connects to a host the full `hosts` table had no room for */
+};
+
+/* A destination host of one path: a key of `hosts`. Addresses as elsewhere (IPv4 as
+ * ::ffff:a.b.c.d); pad is 0. */
+struct azp_host_key {
+    u32 path;
+    u32 pad;
+    u8 addr[16];
+};
+
+/* Per-CPU cumulative counters of one host (a value of `hosts`). */
+struct azp_host_counters {
+    u64 connects; /* connects started (SYN_SENT) */
+    u64 failures; /* connects refused or timed out */
+    u64 retrans;
+    u64 rto;      /* data RTOs, as the path's rto */
+};
+
+/* srtt samples of one flow-cache slot's flow by host RTT bucket (`flow_rtt`, per CPU):
+ * tcp_probe already holds the slot, so a host's RTT costs it no hash lookup; the agent
+ * files each slot's samples under the host the slot holds (agent/hosts.py). 64 bytes:
+ * one line per slot. */
+struct azp_host_rtt {
+    u64 buckets[AZP_HOST_RTT_BUCKETS];
 };
 
 /* One path's histogram, counts by sketch bucket index: an array element per path, so a

@@ -16,32 +16,33 @@ node differs from its answer's is garbage. The store keeps at most one window pe
 (node, end): an agent replaying its ring under a new boot_id every pull adds nothing the
 second time; and at most `node_window_cap` windows per node, so one agent cannot flood
 it. Every window passes the controller's topology filter (controller/topology.py)
-before it is stored.
+before it is stored. With [agents.tls] an answer must also come with a certificate that
+may speak for the node it names (controller/agent_identity.py), else it is refused whole.
 
-The store keeps the windows of the evaluation window, keyed (node, end), and
-stamps each with the controller's clock *shifted by the window's age on the agent's own
-clock*: agent clocks may be skewed, and a backlog a new leader reads from a ring must not
-count as fresh.
+The store (controller/window_store.py) keeps the windows of the evaluation window, keyed
+(node, end); each is stamped with the controller's clock *shifted by the window's age on
+the agent's own clock*: agent clocks may be skewed, and a backlog a new leader reads from
+a ring must not count as fresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import heapq
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
-from azprobe.clients.agent import pull_page
+from azprobe.clients.agent import pull_answer
 from azprobe.clients.transport import MAX_BODY_BYTES, AgentHttpClient, Endpoint
-from azprobe.contracts.window import (MIN_INTERVAL_S, OTHER_AZ, PathStats, Utilisation, Window, WindowError,
-                                     printable)
+from azprobe.contracts.window import Window, WindowError, printable
 from azprobe.contracts.windowcodec import PendingWindow, WindowsPage, page_from_doc
-from azprobe.controller.merge import Aggregate
+from azprobe.controller.agent_identity import AgentGuard
+from azprobe.controller.config import AgentsSettings
 from azprobe.controller.topology import Topology
+from azprobe.controller.window_source import (AgentCursor, AgentState, AgentTarget, CollectCounters, PullResult,
+                                              count_states, pull_budget)
+from azprobe.controller.window_store import WindowStore
 
 log = logging.getLogger(__name__)
 
@@ -49,265 +50,8 @@ RESTART_LOG_EVERY_S = 60.0
 FORGET_AFTER_WINDOWS = 3  # the default forget time ([agents] forget_after_s), in evaluation windows
 
 
-def node_window_cap(horizon_s: float) -> int:
-    """The most windows the store holds for one node: the evaluation window at the agents'
-    shortest interval, a quarter more for the pull in flight and clock jitter, and two."""
-    return math.ceil(1.25 * horizon_s / MIN_INTERVAL_S) + 2
-
-
 class AnswerRefused(WindowError):
     """An answer the collector does not take from this URL (identity, docs/quorum.md)."""
-
-
-class AgentState(str, enum.Enum):
-    UP = "up"  # answered the last pull, and sent a new window recently
-    STALE = "stale"  # answers, but has sent no new window for stale_after_s
-    FAILING = "failing"  # the last pull failed: timeout, refused, HTTP error, bad JSON
-
-
-@dataclass(frozen=True)
-class AgentTarget:
-    """One agent to pull; `url` is its base URL (…/v1/windows is appended)."""
-
-    url: str
-    az: str | None = None  # the AZ the catalog says it is in (informational)
-    node: str | None = None
-
-
-@dataclass
-class AgentCursor:
-    target: AgentTarget
-    boot_id: str | None = None
-    last_seq: int = 0
-    node: str | None = None
-    az: str | None = None
-    last_ok: float | None = None  # controller clock of the last successful pull
-    last_new_window: float | None = None  # ... of the last pull that brought a new window
-    newest_end: float | None = None  # agent clock: `end` of the newest window seen
-    last_attempt: float = float("-inf")  # controller clock of the cycle that last pulled it
-    failures: int = 0  # consecutive failed pulls
-    last_error: str = ""
-    restart_logged_at: float = float("-inf")  # one "restarted" line a minute: a boot_id churner spams none
-
-    def state(self, now: float, stale_after_s: float) -> AgentState:
-        if self.failures or self.last_ok is None:
-            return AgentState.FAILING
-        if self.last_new_window is None or now - self.last_new_window > stale_after_s:
-            return AgentState.STALE
-        return AgentState.UP
-
-
-@dataclass
-class CollectCounters:
-    """Monotonic totals since start; metrics export them as counters."""
-
-    windows_ingested: int = 0
-    windows_garbage: int = 0
-    windows_duplicate: int = 0
-    windows_too_old: int = 0  # backlog older than the evaluation window: cursor moves on
-    windows_over_cap: int = 0  # the node already holds node_window_cap windows: cursor moves on
-    answers_refused: int = 0  # no node name, or a name this URL may not speak for (Identities)
-    gap_windows: int = 0  # windows an agent's ring dropped before we could read them
-    gap_events: int = 0
-    agent_restarts: int = 0
-    pull_errors: int = 0
-    pull_timeouts: int = 0
-    pull_overruns: int = 0  # a cycle found the previous answer still being read: it waited, sent nothing
-
-
-@dataclass(frozen=True)
-class StoredWindow:
-    window: Window
-    at: float  # controller clock, shifted by the window's age on the agent's clock
-    agent: str  # the target URL: the identity of the agent
-
-
-class _Slot:
-    """The windows that arrived in one time slot, pre-combined per agent AZ."""
-
-    __slots__ = ("paths", "utils", "start", "end")
-
-    def __init__(self) -> None:
-        self.paths: dict[str, dict[tuple[str, str], PathStats]] = {}  # agent AZ -> path -> sums
-        self.utils: dict[str, dict[str, list[float]]] = {}  # agent AZ -> node -> [cpu sum, mem sum, n]
-        self.start = math.inf
-        self.end = -math.inf
-
-    def add(self, window: Window) -> None:
-        paths = self.paths.setdefault(window.az, {})
-        for p in window.paths:
-            key = (p.src, p.dst)
-            total = paths.get(key)
-            if total is None:
-                total = paths[key] = PathStats(src=p.src, dst=p.dst)
-            total.merge(p)
-        node = self.utils.setdefault(window.az, {}).setdefault(window.node, [0.0, 0.0, 0])
-        node[0] += window.util.cpu
-        node[1] += window.util.mem
-        node[2] += 1
-        self.start = min(self.start, window.start)
-        self.end = max(self.end, window.end)
-
-    def windows(self, index: int) -> list[Window]:
-        """One synthetic window per agent AZ. Counters and histograms are exact sums; util
-        is the mean over the slot's nodes of each node's mean (what merge computes per
-        node), so merging slots averages per slot rather than per node: equal when every
-        node reports once per slot, as agents do."""
-        out = []
-        for az, paths in self.paths.items():
-            nodes = self.utils[az].values()
-            cpu = sum(n[0] / n[2] for n in nodes) / len(nodes)
-            mem = sum(n[1] / n[2] for n in nodes) / len(nodes)
-            out.append(Window(node=f"{az}/slot-{index}", az=az, boot_id="merged", seq=index, start=self.start,
-                              end=self.end, util=Utilisation(min(cpu, 1.0), min(mem, 1.0)),
-                              paths=list(paths.values())))
-        return out
-
-
-class _NodeTotals:
-    """One node's sums over the windows the store holds, per destination: kept up to
-    date on add and prune (a window in, a window out), so the quorum's per-node input
-    costs nothing per cycle (merging every node's slots each cycle cost 0.4 s of CPU at
-    5,000 agents)."""
-
-    __slots__ = ("az", "dsts", "windows")
-
-    def __init__(self, az: str) -> None:
-        self.az = az
-        self.dsts: dict[str, Aggregate] = {}
-        self.windows = 0
-
-    def add(self, window: Window) -> None:
-        self.az = window.az  # the newest window's AZ
-        self.windows += 1
-        for p in window.paths:
-            if p.dst != OTHER_AZ:
-                agg = self.dsts.get(p.dst)
-                if agg is None:
-                    agg = self.dsts[p.dst] = Aggregate()
-                agg.merge(p)
-
-    def remove(self, window: Window) -> None:
-        self.windows -= 1
-        for p in window.paths:
-            agg = self.dsts.get(p.dst)
-            if agg is None:
-                continue
-            agg.conn_attempts -= p.conn_attempts
-            agg.conn_ok -= p.conn_ok
-            agg.conn_refused -= p.conn_refused
-            agg.conn_timeout -= p.conn_timeout
-            agg.syn_retrans -= p.syn_retrans
-            agg.retrans -= p.retrans
-            agg.rto -= p.rto
-            for hist, gone in ((agg.rtt_us, p.rtt_us), (agg.connect_us, p.connect_us)):
-                counts = hist.counts
-                for lower, n in gone.counts.items():
-                    left = counts.get(lower, 0) - n
-                    if left > 0:
-                        counts[lower] = left
-                    else:
-                        counts.pop(lower, None)
-
-
-class WindowStore:
-    """Windows of the last `horizon_s` seconds; a key is stored once, ever within the horizon,
-    and a node holds at most `max_node_windows` (node_window_cap) at once.
-
-    A heap ordered by `at`: arrivals are only roughly ordered (each agent's backlog is
-    back-dated by its own age), and pruning must stay O(log n) per window at 25,000+.
-
-    Each window is also added once to the slot of its `at` (slot_s wide), and
-    merge_input() hands the merge one pre-combined window per (slot, AZ): at 5,000 agents
-    the merge then reads ~15 windows a cycle instead of 25,000, while every counter and
-    histogram still sums exactly. A slot leaves when its newest second leaves the horizon,
-    so the merge sees at most one slot more than the evaluation window.
-    """
-
-    def __init__(self, horizon_s: float, slot_s: float | None = None) -> None:
-        self.horizon_s = horizon_s
-        self.slot_s = slot_s if slot_s else max(horizon_s / 5, 0.01)
-        self._heap: list[tuple[float, int, str, Window]] = []  # (at, tiebreak, agent, window)
-        self._keys: set[tuple[str, float]] = set()  # (node, end): one window per end per node
-        self.agent_node: dict[str, str] = {}  # agent URL -> the node it spoke for last
-        self._nodes: dict[str, _NodeTotals] = {}
-        self._slots: dict[int, _Slot] = {}
-        self._tiebreak = 0
-        self.newest_at: float | None = None
-        self.max_node_windows = node_window_cap(horizon_s)
-
-    def room(self, node: str) -> int:
-        """How many more windows `node` may add before its cap."""
-        totals = self._nodes.get(node)
-        return self.max_node_windows - (totals.windows if totals is not None else 0)
-
-    def add(self, agent: str, window: Window, at: float) -> bool:
-        """Store one window; False when this (node, end) is already held or the node is at its cap."""
-        key = (window.node, window.end)
-        if key in self._keys or self.room(window.node) <= 0:
-            return False
-        self._keys.add(key)
-        self.agent_node[agent] = window.node
-        totals = self._nodes.get(window.node)
-        if totals is None:
-            totals = self._nodes[window.node] = _NodeTotals(window.az)
-        totals.add(window)
-        self._tiebreak += 1
-        heapq.heappush(self._heap, (at, self._tiebreak, agent, window))
-        index = math.floor(at / self.slot_s)
-        slot = self._slots.get(index)
-        if slot is None:
-            slot = self._slots[index] = _Slot()
-        slot.add(window)
-        if self.newest_at is None or at > self.newest_at:
-            self.newest_at = at
-        return True
-
-    def prune(self, now: float) -> None:
-        cutoff = now - self.horizon_s
-        while self._heap and self._heap[0][0] < cutoff:
-            _, _, agent, window = heapq.heappop(self._heap)
-            self._keys.discard((window.node, window.end))
-            totals = self._nodes[window.node]
-            totals.remove(window)
-            if totals.windows <= 0:
-                del self._nodes[window.node]
-        for index in [i for i in self._slots if (i + 1) * self.slot_s < cutoff]:
-            del self._slots[index]
-
-    def windows(self) -> list[Window]:
-        return [entry[3] for entry in self._heap]
-
-    def merge_input(self) -> list[Window]:
-        """The evaluation window, pre-combined per (slot, AZ): what the merge reads."""
-        return [w for index in sorted(self._slots) for w in self._slots[index].windows(index)]
-
-    def node_input(self) -> dict[str, tuple[str, dict[str, Aggregate]]]:
-        """Per node of the evaluation window: (its AZ, dst -> summed counters and histograms),
-        the vantage points the quorum judges (controller/quorum.py). A node counts only
-        while some agent URL speaks for it last: one URL renaming itself every pull is one
-        vantage point, not one per name. The sums are the store's own: read, don't keep."""
-        voices = set(self.agent_node.values())
-        return {node: (t.az, t.dsts) for node, t in self._nodes.items() if node in voices}
-
-    def forget_agent(self, agent: str) -> None:
-        self.agent_node.pop(agent, None)
-
-    def items(self) -> list[StoredWindow]:
-        return [StoredWindow(window, at, agent) for at, _, agent, window in sorted(self._heap)]
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-
-@dataclass
-class PullResult:
-    """What one cycle's pull did; the totals live in Collector.counters."""
-
-    duration_s: float = 0.0
-    ingested: int = 0
-    failed: int = 0
-    states: dict[str, int] = field(default_factory=dict)
 
 
 class Identities:
@@ -371,6 +115,7 @@ class Collector:
         token: str = "",
         max_body_bytes: int = MAX_BODY_BYTES,
         forget_after_s: float | None = None,
+        guard: AgentGuard | None = None,
     ) -> None:
         self.topology = topology
         self.pull_timeout_s = pull_timeout_s
@@ -380,15 +125,32 @@ class Collector:
         self.concurrency = concurrency
         self.clock = clock
         self.store = WindowStore(evaluation_window_s, slot_s)
-        self.identities = Identities(forget_after_s if forget_after_s is not None
-                                     else FORGET_AFTER_WINDOWS * evaluation_window_s)
+        self.identities = Identities(self._forget_time(forget_after_s))
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()
         self._new: list[Window] = []  # stored since the last take_new(): the detector's input
         self.token = token  # sent as a bearer token to agents that require one
+        self.guard = guard or AgentGuard(None, "")  # [agents.tls]: which node an answer may speak for
         self._http = AgentHttpClient(max_idle_per_host=concurrency, max_body_bytes=max_body_bytes,
-                                     user_agent="azprobe-controller")
+                                     user_agent="azprobe-controller", ssl_context=self.guard.context,
+                                     server_name=self.guard.server_name)
         self._endpoints: dict[str, Endpoint] = {}
+
+    def _forget_time(self, forget_after_s: float | None) -> float:
+        return forget_after_s if forget_after_s is not None else FORGET_AFTER_WINDOWS * self.store.horizon_s
+
+    def apply_settings(self, agents: AgentsSettings, *, stale_after_s: float, interval_s: float) -> None:
+        """A reload: the pulls' bounds, the token and the times, from the next pull on."""
+        self.pull_timeout_s = agents.pull_timeout_s
+        self.cycle_budget_s = pull_budget(agents.pull_timeout_s, interval_s)
+        self.concurrency = agents.concurrency
+        self._http.max_idle_per_host = agents.concurrency
+        self._http.max_body_bytes = agents.max_body_bytes
+        self.token = agents.token
+        self.guard.apply(agents.tls, agents.identity)
+        self._http.server_name = self.guard.server_name
+        self.stale_after_s = stale_after_s
+        self.identities.forget_after_s = self._forget_time(agents.forget_after_s)
 
     # --- targets -------------------------------------------------------------------
     def set_targets(self, targets: Iterable[AgentTarget]) -> None:
@@ -406,11 +168,7 @@ class Collector:
                 cursor.target = target
 
     def agent_states(self, now: float | None = None) -> dict[AgentState, int]:
-        now = self.clock() if now is None else now
-        out = {s: 0 for s in AgentState}
-        for cursor in self.cursors.values():
-            out[cursor.state(now, self.stale_after_s)] += 1
-        return out
+        return count_states(self.cursors.values(), self.clock() if now is None else now, self.stale_after_s)
 
     # --- ingest (pure given a response body; unit-tested without HTTP) ---------------
     def needs_repull(self, cursor: AgentCursor, body: WindowsPage | dict) -> bool:
@@ -427,9 +185,10 @@ class Collector:
         self._follow_boot(cursor, page.boot_id, now)
         cursor.node = page.node
         cursor.az = page.az or cursor.az
-        fresh, skipped_seqs, newest_end = self._validate(cursor, page, self._unread(cursor, page))
+        fresh, skipped_seqs, newest_end = admit_page(page, self._unread(cursor, page), cursor, self.store, self.topology,
+                                                      self.counters)
         fresh.sort(key=lambda w: w.seq)
-        self._count_gaps(cursor, skipped_seqs, fresh)
+        count_gaps(cursor, skipped_seqs, fresh, self.counters)
         cursor.last_seq = max([cursor.last_seq, *skipped_seqs, *(w.seq for w in fresh)])
         if newest_end is not None:
             cursor.newest_end = newest_end
@@ -470,69 +229,6 @@ class Collector:
                 unread.append(pending)
         return unread
 
-    def _validate(self, cursor: AgentCursor, page: WindowsPage,
-                  candidates: list[PendingWindow]) -> tuple[list[Window], set[int], float | None]:
-        """The windows to store, the seqs read but not stored (garbage, too old, over the
-        node's cap: not gaps), and the newest `end` of a valid window (the agent's clock).
-
-        Newest first, so that the age reference comes only from windows that validated
-        (one window ending at +inf cannot age every later one out), and so that when the
-        node's cap leaves room for a few, the newest are kept. The cheap filters (too old
-        by the agent's own clock, no room left) run before the costly validation."""
-        room = self.store.room(page.node)
-        newest_end = cursor.newest_end
-        fresh: list[Window] = []
-        skipped_seqs: set[int] = set()
-        candidates.sort(key=lambda p: -p.end if p.end is not None else math.inf)
-        for pending in candidates:
-            seq, end = pending.seq, pending.end
-            if seq is not None and end is not None and newest_end is not None \
-                    and newest_end - end > self.store.horizon_s:
-                self.counters.windows_too_old += 1
-                skipped_seqs.add(seq)
-                continue
-            if room <= 0:
-                self.counters.windows_over_cap += 1
-                if seq is not None:
-                    skipped_seqs.add(seq)
-                continue
-            try:
-                window = pending.parse()
-                if window.boot_id != page.boot_id:
-                    raise WindowError(f"boot_id: {printable(window.boot_id, 40)!r} differs from the response's "
-                                      f"{printable(page.boot_id, 40)!r}")
-                if window.node != page.node:  # one response speaks for one node
-                    raise WindowError(f"node: {printable(window.node, 40)!r} differs from the response's "
-                                      f"{printable(page.node, 40)!r}")
-            except WindowError as exc:
-                self.counters.windows_garbage += 1
-                log.debug("garbage window from %s: %s", printable(cursor.target.url, 200), exc)
-                # Step past it when its seq is readable, so it is not re-read every cycle.
-                if seq is not None:
-                    skipped_seqs.add(seq)
-                continue
-            if newest_end is None or window.end > newest_end:
-                newest_end = window.end
-            admitted = self.topology.admit(window)
-            if admitted is None:
-                if seq is not None:
-                    skipped_seqs.add(seq)
-                continue
-            fresh.append(admitted)
-            room -= 1
-        return fresh, skipped_seqs, newest_end
-
-    def _count_gaps(self, cursor: AgentCursor, skipped_seqs: set[int], fresh: list[Window]) -> None:
-        """A gap: the ring no longer holds seqs we never read. On first contact (or a new
-        boot) we take what the ring has on purpose, so a first seq > 1 is not a gap."""
-        read = sorted(skipped_seqs | {w.seq for w in fresh})
-        expected = cursor.last_seq + 1
-        for i, seq in enumerate(read):
-            if seq > expected and (i > 0 or cursor.last_seq > 0):
-                self.counters.gap_events += 1
-                self.counters.gap_windows += seq - expected
-            expected = seq + 1
-
     def _store(self, cursor: AgentCursor, fresh: list[Window], newest_end: float | None, now: float) -> int:
         """Stamp each window by its age on the agent's clock and store it; returns windows stored."""
         stored = 0
@@ -552,14 +248,16 @@ class Collector:
 
     # --- HTTP -------------------------------------------------------------------------
     def _endpoint(self, url: str) -> Endpoint:
-        ep = self._endpoints.get(url)
-        if ep is None:
-            ep = self._endpoints[url] = Endpoint.parse(url)
-        return ep
+        return self._endpoints.get(url) or self._endpoints.setdefault(url, Endpoint.parse(url))
 
     async def _fetch(self, url: str, after: int) -> WindowsPage:
-        return await pull_page(self._http, self._endpoint(url), after, token=self.token,
-                               timeout_s=self.pull_timeout_s)
+        """A page whose certificate may speak for the node it names (AgentGuard)."""
+        page, peer = await pull_answer(self._http, self._endpoint(url), after, token=self.token,
+                                       timeout_s=self.pull_timeout_s)
+        problem = self.guard.check(url, peer, page.node)
+        if problem:
+            raise AnswerRefused(problem)
+        return page
 
     async def _pull_one(self, cursor: AgentCursor) -> int:
         """Pull one agent; -1 when the pull failed (the cursor says why)."""
@@ -577,11 +275,11 @@ class Collector:
             self._mark_failed(cursor, f"timeout after {self.pull_timeout_s}s")
             self.counters.pull_timeouts += 1
             return -1
-        except AnswerRefused as exc:  # counted by ingest
+        except AnswerRefused as exc:  # counted by ingest, or by the guard
             self._mark_failed(cursor, str(exc))
             return -1
         except (OSError, ValueError, TypeError, KeyError) as exc:  # refused, reset, HttpError, bad JSON
-            self._mark_failed(cursor, str(exc) or type(exc).__name__)
+            self._mark_failed(cursor, self.guard.describe(url, exc))
             self.counters.pull_errors += 1
             return -1
         if cursor.failures:
@@ -602,6 +300,7 @@ class Collector:
         whatever happens (agents not reached by then count as failed this cycle)."""
         started = self.clock()
         result = PullResult()
+        self.guard.new_cycle()
         # Windows that left the evaluation window make room under each node's cap first.
         self.store.prune(started)
         # Least recently pulled first: when the budget cuts a cycle short, the agents it
@@ -644,3 +343,67 @@ class Collector:
 
     async def close(self) -> None:
         self._http.close()
+
+
+def admit_page(page: WindowsPage, candidates: list[PendingWindow], cursor: AgentCursor, store: WindowStore,
+               topology: Topology, counters: CollectCounters) -> tuple[list[Window], set[int], float | None]:
+    """The windows to store, the seqs read but not stored (garbage, too old, over the
+    node's cap: not gaps), and the newest `end` of a valid window (the agent's clock).
+
+    Newest first, so that the age reference comes only from windows that validated
+    (one window ending at +inf cannot age every later one out), and so that when the
+    node's cap leaves room for a few, the newest are kept. The cheap filters (too old
+    by the agent's own clock, no room left) run before the costly validation."""
+    room = store.room(page.node)
+    newest_end = cursor.newest_end
+    fresh: list[Window] = []
+    skipped_seqs: set[int] = set()
+    candidates.sort(key=lambda p: -p.end if p.end is not None else math.inf)
+    for pending in candidates:
+        seq, end = pending.seq, pending.end
+        if seq is not None and end is not None and newest_end is not None \
+                and newest_end - end > store.horizon_s:
+            counters.windows_too_old += 1
+            skipped_seqs.add(seq)
+            continue
+        if room <= 0:
+            counters.windows_over_cap += 1
+            if seq is not None:
+                skipped_seqs.add(seq)
+            continue
+        try:
+            window = pending.parse()
+            if window.boot_id != page.boot_id:
+                raise WindowError(f"boot_id: {printable(window.boot_id, 40)!r} differs from the response's "
+                                  f"{printable(page.boot_id, 40)!r}")
+            if window.node != page.node:  # one response speaks for one node
+                raise WindowError(f"node: {printable(window.node, 40)!r} differs from the response's "
+                                  f"{printable(page.node, 40)!r}")
+        except WindowError as exc:
+            counters.windows_garbage += 1
+            log.debug("garbage window from %s: %s", printable(cursor.target.url, 200), exc)
+            # Step past it when its seq is readable, so it is not re-read every cycle.
+            if seq is not None:
+                skipped_seqs.add(seq)
+            continue
+        if newest_end is None or window.end > newest_end:
+            newest_end = window.end
+        admitted = topology.admit(window)
+        if admitted is None:
+            if seq is not None:
+                skipped_seqs.add(seq)
+            continue
+        fresh.append(admitted)
+        room -= 1
+    return fresh, skipped_seqs, newest_end
+
+def count_gaps(cursor: AgentCursor, skipped_seqs: set[int], fresh: list[Window], counters: CollectCounters) -> None:
+    """A gap: the ring no longer holds seqs we never read. On first contact (or a new
+    boot) we take what the ring has on purpose, so a first seq > 1 is not a gap."""
+    read = sorted(skipped_seqs | {w.seq for w in fresh})
+    expected = cursor.last_seq + 1
+    for i, seq in enumerate(read):
+        if seq > expected and (i > 0 or cursor.last_seq > 0):
+            counters.gap_events += 1
+            counters.gap_windows += seq - expected
+        expected = seq + 1

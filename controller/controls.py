@@ -7,36 +7,53 @@
   `{"until": <unix s>, "reason": "..."}` or a bare number (the expiry). A shift must
   expire: one without a valid future `until` is ignored and reported, so a forgotten
   key can never drain a zone for ever.
+- `<prefix>control/host/<addr>`: the operator says host <addr> (an IPv4 or IPv6
+  address) is healthy: the controller does not name it, so no data plane demotes it.
+  Value as a shift's, and like a shift it must expire: a pin is a claim about one host
+  that goes stale as the host changes, so a forgotten one must not hide that host's next
+  real failure. At most MAX_HOST_PINS pins (by key order); the others are ignored and
+  reported. A pin only ever removes a host from the list (controller/hosts.py).
+- `<prefix>control/hosts-off`: name no host and judge zones as if no agent sent host
+  evidence. Value as a freeze's (open-ended unless it has an `until`): it is a mode of the
+  whole controller, shown in every zone's reasons and by a gauge, as a freeze is.
 
 Expired switches are ignored (they may linger in KV; the controller does not delete
-operator keys). An `until`, of a freeze or a shift, may lie at most MAX_UNTIL_S (3 days,
-as AWS zonal shifts) ahead: a switch further out, or whose `until` is not a number, is
-ignored and reported, not clipped (a clip relative to `now` would never expire; an
-`until` of 1e300 or in milliseconds is a mistake, not a plan). A shift of an AZ outside
-the controller's topology is ignored and reported. Key names and values come from KV:
-reported through `printable`.
+operator keys). An `until`, of any switch, may lie at most MAX_UNTIL_S (3 days, as AWS
+zonal shifts) ahead: a switch further out, or whose `until` is not a number, is ignored
+and reported, not clipped (a clip relative to `now` would never expire; an `until` of
+1e300 or in milliseconds is a mistake, not a plan). A shift of an AZ outside the
+controller's topology is ignored and reported. Key names and values come from KV:
+reported through `printable`, and every ignored key is counted (`ignored`, the gauge
+azprobe_controller_control_keys_ignored); at most MAX_PROBLEMS of them are described.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from azprobe.contracts import bounded_json, kv
-from azprobe.contracts.window import printable
-from azprobe.controller.safety import Controls
+from azprobe.contracts.window import MAX_ADDRESS_LEN, printable
+from azprobe.controller.safety import Controls, HostPin
 
 MAX_UNTIL_S = 3 * 86400.0
+MAX_HOST_PINS = 64
+MAX_REASON_CHARS = 200  # an operator's reason, as kept and shown
+MAX_PROBLEMS = 32  # ignored keys described (and logged); every one is counted
 
 
 @dataclass(frozen=True)
 class OperatorControls:
-    """The switches in force now (as the safety rules take them) and what was ignored."""
+    """The switches in force now (as the safety rules and the host judgement take them)
+    and what was ignored."""
 
     controls: Controls = field(default_factory=Controls)
     freeze_reason: str = ""
     problems: tuple[str, ...] = ()
+    ignored: int = 0  # keys ignored at this read, described or not
 
 
 def _decode(raw: bytes | None) -> object:
@@ -66,43 +83,112 @@ def _until_or_problem(value: object, now: float, what: str, otherwise: str) -> f
     return until
 
 
+def _reason(value: object, default: str) -> str:
+    reason = value.get("reason") if isinstance(value, dict) else value
+    return printable(str(reason), MAX_REASON_CHARS) if reason else default
+
+
+def _address(text: str) -> str | None:
+    """The canonical text of an IPv4 or IPv6 address, or None (a zone id is no host's)."""
+    if not 0 < len(text) <= MAX_ADDRESS_LEN or "%" in text:
+        return None
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+class _Reading:
+    """The switches found so far in one read, and what was refused."""
+
+    def __init__(self, now: float, azs: Collection[str]) -> None:
+        self.now, self.azs = now, azs
+        self.frozen, self.freeze_reason = False, ""
+        self.off, self.off_reason = False, ""
+        self.shifts: dict[str, float] = {}
+        self.pins: dict[str, HostPin] = {}
+        self.problems: list[str] = []
+        self.ignored = 0
+
+    def refuse(self, key: str, why: str) -> None:
+        self.ignored += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"{printable(key, 120)}: {why}")
+
+    def held(self, key: str, value: object, what: str) -> bool:
+        """An open-ended switch (freeze, hosts-off): in force unless it has an `until`
+        that has passed; a bad `until` is refused."""
+        if isinstance(value, dict) and "until" in value:
+            until = _until_or_problem(value["until"], self.now, what, "or none: in force until deleted")
+            if isinstance(until, str):
+                self.refuse(key, f"ignored, {until}")
+                return False
+            return until > self.now
+        return True
+
+    def expiring(self, key: str, value: object, what: str) -> float | None:
+        """A switch that must expire (shift, host pin): its `until` while in force."""
+        until = _until_or_problem(value.get("until") if isinstance(value, dict) else value, self.now, what,
+                                  f"{what} must expire")
+        if isinstance(until, str):
+            self.refuse(key, f"ignored, {until}")
+            return None
+        return until if until > self.now else None
+
+    def shift(self, key: str, az: str, value: object) -> None:
+        until = self.expiring(key, value, "a shift")
+        if until is None:
+            return
+        if az not in self.azs:
+            self.refuse(key, f"ignored, {printable(az, 64)!r} is not an AZ of the topology ({', '.join(sorted(self.azs))})")
+            return
+        self.shifts[az] = until
+
+    def pin(self, key: str, text: str, value: object) -> None:
+        addr = _address(text)
+        if addr is None:
+            self.refuse(key, f"ignored, {printable(text, 64)!r} is not an IPv4 or IPv6 address "
+                             "(control/host/<address>, e.g. control/host/198.18.2.12)")
+            return
+        until = self.expiring(key, value, "a host pin")
+        if until is None:
+            return
+        if addr not in self.pins and len(self.pins) >= MAX_HOST_PINS:
+            self.refuse(key, f"ignored, at most {MAX_HOST_PINS} host pins are honoured (delete some)")
+            return
+        before = self.pins.get(addr)
+        if before is None or until > before.until:
+            self.pins[addr] = HostPin(addr, until, _reason(value, ""))
+
+    def controls(self) -> OperatorControls:
+        controls = Controls(freeze=self.frozen, shifts=MappingProxyType(self.shifts),
+                            host_pins=MappingProxyType(self.pins), hosts_off=self.off,
+                            hosts_off_reason=self.off_reason)
+        return OperatorControls(controls, self.freeze_reason, tuple(self.problems), self.ignored)
+
+
 def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now: float,
                    azs: Collection[str]) -> OperatorControls:
     """entries: full KV key -> value under `<prefix>control/` (a recursive read); `now`
     is unix time (expiries are unix seconds); `azs`: the topology's AZs."""
-    frozen, freeze_reason = False, ""
-    shifts: dict[str, float] = {}
-    problems: list[str] = []
+    reading = _Reading(now, azs)
     for key, raw in sorted(entries.items()):
         name = key[len(control_prefix):] if key.startswith(control_prefix) else key
         switch = kv.control_switch(kv.CONTROL + name) if name else None
+        if switch is None:
+            if name:
+                reading.refuse(key, "unknown control key ignored")
+            continue
+        kind, arg = switch
         value = _decode(raw)
-        if switch is not None and switch[0] == "freeze":
-            if isinstance(value, dict) and "until" in value:
-                until = _until_or_problem(value["until"], now, "a freeze", "or none: frozen until deleted")
-                if isinstance(until, str):
-                    problems.append(f"{printable(key, 120)}: ignored, {until}")
-                    continue
-                if until <= now:
-                    continue
-            frozen = True
-            reason = value.get("reason") if isinstance(value, dict) else value
-            freeze_reason = str(reason)[:200] if reason else "operator freeze"
-        elif switch is not None and switch[1] is not None:
-            az = switch[1]
-            until = _until_or_problem(value.get("until") if isinstance(value, dict) else value, now, "a shift",
-                                      "a shift must expire")
-            shown = printable(key, 120)
-            if isinstance(until, str):
-                problems.append(f"{shown}: ignored, {until}")
-                continue
-            if until <= now:
-                continue
-            if az not in azs:
-                problems.append(f"{shown}: ignored, {printable(az, 64)!r} is not an AZ of the topology "
-                                f"({', '.join(sorted(azs))})")
-                continue
-            shifts[az] = until
-        elif name:
-            problems.append(f"{printable(key, 120)}: unknown control key ignored")
-    return OperatorControls(Controls(freeze=frozen, shifts=shifts), freeze_reason, tuple(problems))
+        if kind == "freeze" and reading.held(key, value, "a freeze"):
+            reading.frozen = True
+            reading.freeze_reason = _reason(value, "operator freeze")
+        elif kind == "hosts-off" and reading.held(key, value, "hosts-off"):
+            reading.off, reading.off_reason = True, _reason(value, "")
+        elif kind == "shift" and arg is not None:
+            reading.shift(key, arg, value)
+        elif kind == "host" and arg is not None:
+            reading.pin(key, arg, value)
+    return reading.controls()
+

@@ -8,7 +8,8 @@
 Per view (the global view: every node; a source AZ's view: that AZ's nodes):
 
 1. `quorum.judge`: every node judged on its own evidence by the model, combined by quorum,
-   healthy zones within `healthy_band` of the best levelled (docs/quorum.md);
+   healthy zones within `healthy_band` of the best levelled (docs/quorum.md); then the
+   operator's host switches (`hosts.host_controls`: control/hosts-off, control/host/<addr>);
 2. the zones the view knows of (`seen`) without any vote join without evidence, so a zone
    nobody can judge is held or neutral, never drained;
 3. `safety.apply_safety` with that view's SafetyState (docs/design.md "Safety rules").
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.weights import WeightsError
+from azprobe.controller.hosts import host_controls, without_host_evidence
 from azprobe.controller.models import Model
 from azprobe.controller.quorum import NodeEvidence, QuorumConfig, ViewJudgement, judge
 from azprobe.controller.safety import Controls, Decision, SafetyConfig, SafetyState, apply_safety
@@ -74,8 +76,9 @@ def decide_views(
     Pass the same clock (wall seconds) as `now` every cycle: the rules' timers run on it.
     """
     known = seen.get(GLOBAL_VIEW, {})
-    judgements = judge(nodes, rules.model, rules.safety.degraded_threshold, rules.quorum,
-                       {az: z.util for az, z in known.items()})
+    judgements = judge(without_host_evidence(nodes, controls), rules.model, rules.safety.degraded_threshold,
+                       rules.quorum, {az: z.util for az, z in known.items()})
+    judgements = {name: host_controls(j, controls, now) for name, j in judgements.items()}
     out: dict[str, ViewDecision] = {}
     for name in [*judgements, *(n for n in states if n not in judgements)]:
         judgement = judgements.get(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import fields
 from typing import Any
 
@@ -43,6 +43,20 @@ class _TotalsCollector(Collector):
                 yield CounterMetricFamily(family.name, family.help, value=getattr(counters, name))
 
 
+class _ReasonTotalsCollector(Collector):
+    """Exports counters kept as {reason: count} dicts (a bounded set of reasons each)."""
+
+    def __init__(self, sources: Mapping[prom.Family, Callable[[], Mapping[str, int]]]) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        for family, get in self.sources.items():
+            counter = CounterMetricFamily(family.name, family.help, labels=list(family.labels))
+            for reason, n in sorted(get().items()):
+                counter.add_metric([reason], n)
+            yield counter
+
+
 def _int_fields(counters: Any) -> list[str]:
     return [f.name for f in fields(counters) if isinstance(getattr(counters, f.name), int)]
 
@@ -73,6 +87,10 @@ class ControllerMetrics:
         self.spike_lambda = _gauge(prom.SPIKE_LAMBDA, r)
         self.generation = _gauge(prom.GENERATION, r)
         self.last_write = _gauge(prom.LAST_WRITE, r)
+        self.sick_hosts = _gauge(prom.SICK_HOSTS, r)
+        self.pinned_hosts = _gauge(prom.PINNED_HOSTS, r)
+        self.host_naming_off = _gauge(prom.HOST_NAMING_OFF, r)
+        self.control_keys_ignored = _gauge(prom.CONTROL_KEYS_IGNORED, r)
         self.spikes = Counter(prom.SPIKES.name, prom.SPIKES.help, prom.SPIKES.labels, registry=r)
         self._spiking: dict[str, bool] = {}
         self._known_zones: set[str] = set()  # zones with gauges, to drop those that leave
@@ -80,10 +98,15 @@ class ControllerMetrics:
     def add_totals(self, sources: Mapping[str, Callable[[], Any]]) -> None:
         self.registry.register(_TotalsCollector(sources))
 
-    def observe_zones(self, zones: Mapping[str, ZoneWeights]) -> None:
-        """This controller's own global decision (every cycle, leader or standby)."""
+    def add_reason_totals(self, sources: Mapping[prom.Family, Callable[[], Mapping[str, int]]]) -> None:
+        self.registry.register(_ReasonTotalsCollector(sources))
+
+    def observe_zones(self, zones: Mapping[str, ZoneWeights], sick: Mapping[str, Sized] | None = None) -> None:
+        """This controller's own global decision (every cycle, leader or standby); `sick`:
+        zone -> its named hosts. Labelled by the decision's zones only (the topology's)."""
         for az in self._known_zones - set(zones):
-            for g in (self.zone_health, self.zone_weight, self.zone_share, self.zone_rtt_p95, self.zone_success):
+            for g in (self.zone_health, self.zone_weight, self.zone_share, self.zone_rtt_p95, self.zone_success,
+                      self.sick_hosts):
                 g.remove(az)
             for state in ZONE_STATES:
                 self.zone_state.remove(az, state)
@@ -94,8 +117,15 @@ class ControllerMetrics:
             self.zone_share.labels(az).set(z.share)
             self.zone_rtt_p95.labels(az).set(z.p95_ms / 1000 if z.p95_ms is not None else float("nan"))
             self.zone_success.labels(az).set(z.success if z.success is not None else float("nan"))
+            self.sick_hosts.labels(az).set(len((sick or {}).get(az, ())))
             for state in ZONE_STATES:
                 self.zone_state.labels(az, state).set(1.0 if z.state == state else 0.0)
+
+    def observe_controls(self, pinned: int, hosts_off: bool, ignored: int) -> None:
+        """The operator switches of the last read of control/."""
+        self.pinned_hosts.set(pinned)
+        self.host_naming_off.set(1.0 if hosts_off else 0.0)
+        self.control_keys_ignored.set(ignored)
 
     def observe_spikes(self, results: Mapping[str, Any]) -> None:
         for az, result in results.items():

@@ -9,9 +9,11 @@ input"), per zone::
 
 or per vantage point (``--safety`` only)::
 
-    {"nodes": [{"node": "node-1", "az": "az-a", "zones": {"az-a": {...}, "az-b": {...}}}, ...]}
+    {"nodes": [{"node": "node-1", "az": "az-a", "zones": {"az-a": {...}, "az-b": {...}},
+                "hosts": [<the window's host summaries, summed>]}, ...]}
 
-Output: ``{"model": NAME, "state": ..., "zones": {az: <weights-document zone>}}``. By
+Output: ``{"model": NAME, "state": ..., "zones": {az: <weights-document zone>}}``, and with
+`hosts` given and a host named, ``"sick_hosts": {az: [{addr, reasons}]}``. By
 default only the model speaks (shares from its share_raw, state ok/degraded by the
 model's degraded_below threshold, or [safety] degraded_below when set). ``--safety``
 decides the global view as the daemon does, through the same function
@@ -39,8 +41,9 @@ from azprobe.contracts import bounded_json
 from azprobe.contracts.stats import StatsError, ZoneStats, parse_nodes_document, parse_stats_document
 from azprobe.contracts.weights import MAX_WEIGHT, MIN_WEIGHT
 from azprobe.controller.config import load_model_from, parse_model, parse_safety
-from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, decide_views
+from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, ViewDecision, decide_views
 from azprobe.controller.models import shares_from_weights
+from azprobe.controller.hosts import host_sums, sick_entries
 from azprobe.controller.quorum import NodeEvidence, QuorumConfig
 from azprobe.controller.safety import Decision
 from azprobe.errors import AzprobeError, ConfigError
@@ -66,7 +69,7 @@ def read_stats(path: str) -> tuple[dict[str, ZoneStats], list[NodeEvidence] | No
         if isinstance(doc, Mapping) and "nodes" in doc:
             if "zones" in doc:
                 raise StatsError("stats", "has both 'zones' and 'nodes'; use one form")
-            nodes = [NodeEvidence(v.node, v.az, v.zones) for v in parse_nodes_document(doc)]
+            nodes = [NodeEvidence(v.node, v.az, v.zones, host_sums(v.hosts)) for v in parse_nodes_document(doc)]
             return _zones_seen(nodes), nodes
         return parse_stats_document(doc), None
     except StatsError as exc:
@@ -94,19 +97,33 @@ def _rules(config_path: str | None, model_name: str | None) -> DecisionRules:
     return DecisionRules(load_model_from(parse_model(model_section)), quorum, safety)
 
 
-def what_if(rules: DecisionRules, zones: Mapping[str, ZoneStats], nodes: list[NodeEvidence] | None = None) -> Decision:
-    """The global view's decision, one cycle from a fresh state, through the daemon's
-    function; `nodes` None: the per-zone form, one vantage point that saw `zones`."""
+def what_if_view(rules: DecisionRules, zones: Mapping[str, ZoneStats],
+                 nodes: list[NodeEvidence] | None = None) -> ViewDecision:
+    """The global view, one cycle from a fresh state, through the daemon's function;
+    `nodes` None: the per-zone form, one vantage point that saw `zones`."""
     nodes = nodes if nodes is not None else [NodeEvidence(WHAT_IF_NODE, WHAT_IF_NODE, zones)]
     view = decide_views(nodes, {GLOBAL_VIEW: zones}, rules=rules, states={}, now=0.0)[GLOBAL_VIEW]
     if view.decision is None:
         raise AzprobeError(f"the decision is not a valid weights document: {view.error}")
-    return view.decision
+    return view
 
 
-def _decided(rules: DecisionRules, decision: Decision) -> dict[str, Any]:
-    return {"model": rules.model.name, "state": decision.state,
-            "zones": {az: z.to_json() for az, z in sorted(decision.zones.items())}}
+def what_if(rules: DecisionRules, zones: Mapping[str, ZoneStats], nodes: list[NodeEvidence] | None = None) -> Decision:
+    """The global view's decision (what_if_view)."""
+    decision = what_if_view(rules, zones, nodes).decision
+    assert decision is not None
+    return decision
+
+
+def _decided(rules: DecisionRules, view: ViewDecision) -> dict[str, Any]:
+    decision = view.decision
+    assert decision is not None
+    out: dict[str, Any] = {"model": rules.model.name, "state": decision.state,
+                           "zones": {az: z.to_json() for az, z in sorted(decision.zones.items())}}
+    sick = sick_entries(view.judgement, decision.zones)
+    if sick:  # the sick-hosts document's global view, as the daemon would write it
+        out["sick_hosts"] = {az: [h.to_json() for h in hosts] for az, hosts in sorted(sick.items())}
+    return out
 
 
 def _model_only(rules: DecisionRules, zones: dict[str, ZoneStats]) -> dict[str, Any]:
@@ -148,6 +165,6 @@ def eval_command(model_name: str | None, config_path: str | None, safety: bool, 
     if nodes is not None and not safety:
         raise ConfigError("nodes", "the per-node form needs --safety (the model alone judges one set of zones)",
                           "add --safety, or give the per-zone form {\"zones\": ...}")
-    out = _decided(rules, what_if(rules, zones, nodes)) if safety else _model_only(rules, zones)
+    out = _decided(rules, what_if_view(rules, zones, nodes)) if safety else _model_only(rules, zones)
     json.dump(out, sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")

@@ -197,22 +197,7 @@ class DefaultModel:
                     f" = effective {fmt(100 * effective, 2)}% -> penalty {fpen:.2f}"
                 )
 
-            p95 = finite(z.p95_ms)
-            if p95 is None or baseline is None:
-                lpen = 0.0
-                if explain:
-                    reasons.append("p95 unknown: no latency penalty")
-            else:
-                p95 = max(p95, 0.0)
-                excess = p95 - baseline
-                allowed = c.latency_tolerance_ms + c.latency_tolerance_frac * baseline
-                lpen = _clip((excess - allowed) / c.latency_span_ms)
-                if explain:
-                    reasons.append(
-                        f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms{baseline_text}"
-                        f" (+{fmt(excess)}, tolerance {fmt(allowed)})"
-                        f" -> penalty {lpen:.2f}"
-                    )
+            lpen = self._latency_penalty(finite(z.p95_ms), baseline, baseline_text, reasons if explain else None)
 
             u = finite(z.util)
             if u is None:
@@ -236,6 +221,23 @@ class DefaultModel:
                 reasons.insert(0, summary)
             out[az] = ZoneHealth(health=health, weight=weight, share_raw=share_raw, reasons=tuple(reasons))
         return out
+
+    def _latency_penalty(self, p95: float | None, baseline: float | None, baseline_text: str,
+                         reasons: list[str] | None) -> float:
+        """The p95 latency's penalty against the baseline; its reason goes to `reasons` (None: not explained)."""
+        c = self.config
+        if p95 is None or baseline is None:
+            if reasons is not None:
+                reasons.append("p95 unknown: no latency penalty")
+            return 0.0
+        p95 = max(p95, 0.0)
+        excess = p95 - baseline
+        allowed = c.latency_tolerance_ms + c.latency_tolerance_frac * baseline
+        lpen = _clip((excess - allowed) / c.latency_span_ms)
+        if reasons is not None:
+            reasons.append(f"p95 {fmt(p95)} ms vs baseline {fmt(baseline)} ms{baseline_text}"
+                           f" (+{fmt(excess)}, tolerance {fmt(allowed)}) -> penalty {lpen:.2f}")
+        return lpen
 
 
 # -------------------------------------------------------------------------- shares

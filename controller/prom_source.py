@@ -17,8 +17,8 @@ query - reading, decoding, turning series into windows - is bounded by query_tim
 A cycle waits for the answer at most `cycle_budget_s`; an answer still being read then
 is picked up by a later cycle, and no second query is sent meanwhile (pull_overruns).
 
-The surface mirrors controller.collect.Collector (pull_all, take_new, store, cursors,
-counters, agent_states, set_targets, close), so the controller picks one or the other.
+A `WindowSource` (controller/window_source.py), as the direct pull's Collector is, so
+the controller picks one or the other.
 A node is an AgentCursor keyed "instance/node"; its `newest_end` is the scrape timestamp
 of the last window read, so overlapping lookbacks never count a scrape twice.
 """
@@ -39,9 +39,11 @@ import aiohttp
 
 from azprobe.contracts import bounded_json
 from azprobe.contracts.window import Window, printable
-from azprobe.controller.collect import (AgentCursor, AgentTarget, CollectCounters, Collector, PullResult,
-                                        WindowStore)
-from azprobe.controller.config import PrometheusSettings
+from azprobe.controller.window_source import (AgentCursor, AgentState, AgentTarget, CollectCounters, PullResult,
+                                              count_states)
+from azprobe.controller.window_store import WindowStore
+from azprobe.controller.config import AgentsSettings, PrometheusSettings
+from azprobe.controller.prom_auth import PromAuth, describe
 from azprobe.controller.topology import Topology
 from azprobe.controller.prom_windows import (MAX_SERIES_CHARS, AnswerBuilder, NodeRead, ParsedAnswer,
                                              PromAnswerError, PromAnswerTooLarge, answer_windows, check_envelope,
@@ -80,8 +82,9 @@ class PrometheusCollector:
         self._first_range = settings.lookback_s  # halved while the first answer is too large or slow
         self._in_flight: asyncio.Task[tuple[ParsedAnswer, dict[str, NodeRead]]] | None = None
         self._worker: ThreadPoolExecutor | None = None  # decodes answers: one thread, one answer at a time
+        self._auth = PromAuth(settings)  # its files are read now: a bad one is a ConfigError at start
 
-    # --- the Collector surface ------------------------------------------------------
+    # --- the WindowSource surface ------------------------------------------------------
     def set_targets(self, targets: Iterable[AgentTarget]) -> None:
         """Targets are Prometheus's business (its service discovery); nothing to do."""
 
@@ -89,9 +92,13 @@ class PrometheusCollector:
         new, self._new = self._new, []
         return new
 
-    # The same rule as the direct pull: each cursor's state (it reads clock, cursors and
-    # stale_after_s, which this class has too).
-    agent_states = Collector.agent_states
+    def agent_states(self, now: float | None = None) -> dict[AgentState, int]:
+        """Each node's state, by the direct pull's rule (AgentCursor.state)."""
+        return count_states(self.cursors.values(), self.clock() if now is None else now, self.stale_after_s)
+
+    def apply_settings(self, agents: AgentsSettings, *, stale_after_s: float, interval_s: float) -> None:
+        """A reload: the agents' state rule. [agents]' pull settings mean nothing here."""
+        self.stale_after_s = stale_after_s
 
     async def close(self) -> None:
         if self._in_flight is not None:
@@ -138,7 +145,7 @@ class PrometheusCollector:
             return
         # The traceback runs through asyncio.timeout back to the task that holds it: a
         # reference cycle, kept (with the series read so far) until a full collection,
-        # which the controller runs rarely (main.pace_gc). Cut it; the message is enough.
+        # which the controller runs rarely (gcpace.pace_gc). Cut it; the message is enough.
         _drop_tracebacks(error)
         if isinstance(error, TimeoutError):
             self._failed(result, f"query timeout after {self.settings.query_timeout_s}s")
@@ -149,7 +156,7 @@ class PrometheusCollector:
             self.counters.pull_errors += 1
             self._shrink_range()
         elif isinstance(error, (aiohttp.ClientError, OSError, ValueError, RecursionError)):  # PromAnswerError too
-            self._failed(result, str(error) or type(error).__name__)
+            self._failed(result, describe(error))
             self.counters.pull_errors += 1
         else:
             raise error
@@ -273,7 +280,8 @@ class PrometheusCollector:
 
     async def _read(self, url: str, stream: AnswerStream) -> ParsedAnswer:
         limit = self.settings.max_response_bytes
-        async with self._session.get(url, params={"query": query_for(self.range_s(), self.settings.selector)}) as resp:
+        async with self._session.get(url, params={"query": query_for(self.range_s(), self.settings.selector)},
+                                     **self._auth.request_kwargs()) as resp:
             if resp.content_length is not None and resp.content_length > limit:
                 raise PromAnswerTooLarge(f"answer of {resp.content_length} bytes, over prometheus.max_response_bytes")
             if resp.status != 200:
@@ -365,7 +373,7 @@ class AnswerStream:
     def discard(self) -> None:
         """Drop the parser and what it holds. A parser stopped halfway is a reference
         cycle (its generator's frame holds the stream), which the controller's rare full
-        collections (main.pace_gc) would keep, and the series read so far with it."""
+        collections (gcpace.pace_gc) would keep, and the series read so far with it."""
         if self._parser is not None:
             self._parser.close()
             self._parser = None

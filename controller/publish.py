@@ -42,6 +42,8 @@ from azprobe.clients.consul import MAX_TXN_OPS
 from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.window import printable
 from azprobe.contracts.weights import MAX_DOC_BYTES, MAX_INT, WeightsDoc, WeightsError, ZoneWeights, parse_weights
+from azprobe.contracts.weights_hosts import (MAX_DOC_SICK_HOSTS, MAX_ZONE_SICK_HOSTS, HostsDoc, SickHostEntry,
+                                             parse_hosts)
 from azprobe.controller.decide import GLOBAL_VIEW
 
 log = logging.getLogger(__name__)
@@ -61,10 +63,12 @@ class WeightsView:
     state: str
     zones: Mapping[str, ZoneWeights]
     source_az: str | None = None
+    sick: Mapping[str, tuple[SickHostEntry, ...]] = field(default_factory=dict)  # zone -> named hosts, worst first
 
     def signature(self) -> tuple:
-        """What a write is about: shares and states (not reasons or float noise)."""
-        return (self.state, tuple(sorted((az, z.share, z.state) for az, z in self.zones.items())))
+        """What a write is about: shares, states and named hosts (not reasons or float noise)."""
+        return (self.state, tuple(sorted((az, z.share, z.state) for az, z in self.zones.items())),
+                tuple(sorted((az, tuple(h.addr for h in hosts)) for az, hosts in self.sick.items() if hosts)))
 
 
 class Fenced(Exception):
@@ -100,6 +104,7 @@ class Publisher:
     counters: PublishCounters = field(default_factory=PublishCounters)
     _last_signatures: dict[str, tuple] | None = None
     _last_write_at: float | None = None
+    _hosts_in_kv: bool = False  # a sick-hosts document may name hosts: the next write must replace it
 
     @staticmethod
     def expiry_for(*, heartbeat_s: float, session_ttl_s: float, lock_delay_s: float, interval_s: float) -> float:
@@ -137,6 +142,7 @@ class Publisher:
             self.counters.generation_restarts += 1
             current, self.generation = 0, 0
         self.generation = max(self.generation, current)
+        self._hosts_in_kv = read_key(self.client, self.settings.key(kv.HOSTS)).value is not None
         self.term = new_term()
         self._last_signatures = None  # first write of a term always goes out
         self._last_write_at = None
@@ -164,6 +170,28 @@ class Publisher:
             docs[name] = doc
         return docs
 
+    def build_hosts(self, views: Mapping[str, WeightsView], generation: int, now: float) -> HostsDoc | None:
+        """The sick-hosts document of these views (None when none names a host and none
+        is in KV to replace), within the contract's bounds: each zone's worst first, the
+        global view before the source views."""
+        room = MAX_DOC_SICK_HOSTS
+        named: dict[str, dict[str, tuple[SickHostEntry, ...]]] = {}
+        for name in sorted(views, key=lambda n: (n != GLOBAL_VIEW, n)):
+            zones = {}
+            for az, hosts in sorted(views[name].sick.items()):
+                kept = tuple(hosts[:min(MAX_ZONE_SICK_HOSTS, room)])
+                room -= len(kept)
+                if kept:
+                    zones[az] = kept
+            named[name] = zones
+        if not any(named.values()) and not self._hosts_in_kv:
+            return None
+        doc = HostsDoc(generation=generation, generated_at=now, expires_at=now + self.expiry_s,
+                       global_view=named.get(GLOBAL_VIEW, {}), term=self.term,
+                       from_views={name: zones for name, zones in named.items() if name != GLOBAL_VIEW and zones})
+        parse_hosts(doc.dumps())
+        return doc
+
     def publish(self, session_id: str, views: Mapping[str, WeightsView], *, force: bool = False) -> WeightsDoc | None:
         """Write the views if due. Returns the global document written, None when nothing
         was due or a document was invalid. Raises Fenced on a 409, ConsulError when
@@ -178,16 +206,25 @@ class Publisher:
             self.generation, self.term = 0, new_term()
         generation = self.generation + 1
         try:
-            docs = self.build(views, generation, self.wall())
+            now = self.wall()
+            docs = self.build(views, generation, now)
         except (WeightsError, ValueError, TypeError) as exc:
             self.counters.invalid_docs += 1
             log.error("not writing an invalid weights document: %s", exc)
             return None
+        try:
+            hosts = self.build_hosts(views, generation, now)
+        except (WeightsError, ValueError, TypeError) as exc:  # the weights still go out: hosts are advice
+            self.counters.invalid_docs += 1
+            log.error("not writing an invalid sick-hosts document: %s", exc)
+            hosts = None
         # Consumed before sending: if the txn applied but its answer was lost, the next
         # write must still carry a higher generation.
         self.generation = generation
         ops = [op_check_session(self.settings.key(kv.LEADER), session_id)]
         ops += [op_set(self.view_key(name), doc.dumps()) for name, doc in docs.items()]
+        if hosts is not None:  # before the source views: those are what a cut would drop
+            ops.insert(2, op_set(self.settings.key(kv.HOSTS), hosts.dumps()))
         if len(ops) > MAX_TXN_OPS:  # the topology bounds the views; never let a txn fail on this
             log.error("%d views exceed one transaction, writing the first %d", len(docs), MAX_TXN_OPS - 1)
             ops = ops[:MAX_TXN_OPS]
@@ -197,6 +234,7 @@ class Publisher:
             self.counters.conflicts += 1
             raise Fenced(exc) from None
         self.counters.writes += 1
+        self._hosts_in_kv = hosts is not None and bool(hosts.global_view or hosts.from_views)
         self._last_signatures = {name: v.signature() for name, v in views.items()}
         self._last_write_at = self.clock()
         log.debug("wrote weights generation %d (%s)", generation, reason)

@@ -31,6 +31,10 @@ that source AZ):
    each other on noise (the default drill swung 50/49 -> 63/36 with weight^6 amplifying
    ~0.04 of health noise between two healthy zones).
 
+6. **Hosts.** Where nodes report per-destination-address evidence (the window's optional
+   `hosts`), hosts are judged by the same quorum, and a zone whose sick hosts are a
+   minority of its judged hosts stays in play with them named (controller/hosts.py).
+
 The output (`ViewJudgement`) is what the safety rules take: stats and verdicts per zone.
 """
 
@@ -38,11 +42,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from azprobe.config import Section
 from azprobe.contracts.weights import MAX_INT
 from azprobe.contracts.stats import ZoneStats
+from azprobe.controller.hosts import HostKey, HostSums, ZoneHosts, node_host_votes, with_hosts
 from azprobe.controller.models import Model, ZoneHealth, fmt
 
 
@@ -58,6 +63,10 @@ class QuorumConfig:
     min_source_azs: int = 2
     min_node_samples: int = 10  # a node's evidence about one destination, to vote on it
     healthy_band: float = 0.10  # healthy zones within this much health of the best share its weight
+    # A zone degraded by quorum stays degraded only when its sick hosts are at least this
+    # share of its judged hosts; fewer, and they are demoted instead (controller/hosts.py).
+    host_zone_fraction: float = 0.5
+    max_hosts_per_zone: int = 256  # hosts judged per zone and view, and per node and zone
 
     @classmethod
     def from_section(cls, section: Section) -> "QuorumConfig":
@@ -69,6 +78,8 @@ class QuorumConfig:
             min_source_azs=section.integer("min_source_azs", cls.min_source_azs, min=1, max=64),
             min_node_samples=section.integer("min_node_samples", cls.min_node_samples, min=1, max=10**9),
             healthy_band=section.number("healthy_band", cls.healthy_band, min=0.0, max=1.0),
+            host_zone_fraction=section.number("host_zone_fraction", cls.host_zone_fraction, min=0.01, max=1.0),
+            max_hosts_per_zone=section.integer("max_hosts_per_zone", cls.max_hosts_per_zone, min=1, max=4096),
         )
         section.reject_unknown()
         return cfg
@@ -90,6 +101,8 @@ class NodeEvidence:
     node: str
     az: str
     zones: Mapping[str, ZoneStats]
+    # (dst AZ, address) -> sums: the window's optional hosts section, empty without it
+    hosts: Mapping[HostKey, HostSums] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,8 @@ class ViewJudgement:
     tallies: dict[str, Tally]
     sick: tuple[str, ...] = ()  # nodes set aside as sick sources
     reasons: tuple[str, ...] = ()
+    hosts: Mapping[str, ZoneHosts] = field(default_factory=dict)  # dst -> its judged hosts (controller/hosts.py)
+    held: tuple[str, ...] = ()  # zones degraded by quorum but kept in play: a minority of their hosts is sick
 
 
 @dataclass
@@ -236,8 +251,11 @@ def judge(nodes: Iterable[NodeEvidence], model: Model, degraded_below: float, cf
     """The global view ("") and one view per source AZ, as controller/publish.py names them."""
     nodes = list(nodes)
     votes = judge_nodes(nodes, model, degraded_below, cfg)
-    out = {"": judge_view(votes, cfg, util, model)}
+    host_votes = node_host_votes(nodes, model, degraded_below, cfg)  # once per node, shared by its views
+    out = {"": with_hosts(judge_view(votes, cfg, util, model), host_votes.values(), model, cfg)}
     for src in sorted({n.az for n in nodes}):
         mine = {node: v for node, v in votes.items() if v and v[0].az == src}
-        out[src] = judge_view(mine, cfg, util, model, single_source=True)
+        out[src] = with_hosts(judge_view(mine, cfg, util, model, single_source=True),
+                              [host_votes[n.node] for n in nodes if n.az == src and n.node in host_votes], model, cfg,
+                              single_source=True)
     return out

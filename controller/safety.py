@@ -46,9 +46,20 @@ class SafetyConfig:
     hysteresis_points: float = 3.0
     max_increase_points: float = 5.0
     max_decrease_points: float = 50.0
-    drain_dwell_s: float = 2.0
+    # One cycle of confirmation (a dwell of exactly one 1 s cycle would lose a second cycle
+    # to timing jitter): the quorum of nodes and min_samples already keep noise out, and
+    # every second here is a second users spend on the sick zone (bench/loop.py --config shipped).
+    drain_dwell_s: float = 0.5
     forget_after_s: float = 3600.0  # a zone with no data at all for this long leaves the document
-    recover_dwell_s: float = 3.0  # a degraded zone stays above the recovery band this long before recovering
+    # A degraded zone stays above the recovery band this long before recovering: longer
+    # than a flapping switch's quiet spell (bench/soak.py's 5 s), so it is not let back in
+    # only to hurt users again at the next flap. Recovery is not the urgent direction.
+    recover_dwell_s: float = 10.0
+    # A zone degraded again within flap_window_s of recovering is flapping: each flap in a
+    # row adds recover_dwell_s to its next recovery dwell, up to max_recover_dwell_s (never
+    # below recover_dwell_s itself).
+    flap_window_s: float = 60.0
+    max_recover_dwell_s: float = 60.0
     panic_exit_s: float = 10.0  # panic ends only after this long out of the panic condition
     timer_slack_s: float = 0.1  # a dwell/exit timer counts as elapsed this much early (cycle jitter)
 
@@ -69,6 +80,8 @@ class SafetyConfig:
             drain_dwell_s=section.number("drain_dwell_s", cls.drain_dwell_s, min=0.0, max=3600),
             forget_after_s=section.number("forget_after_s", cls.forget_after_s, min=1.0, max=10**7),
             recover_dwell_s=section.number("recover_dwell_s", cls.recover_dwell_s, min=0.0, max=3600),
+            flap_window_s=section.number("flap_window_s", cls.flap_window_s, min=0.0, max=86400),
+            max_recover_dwell_s=section.number("max_recover_dwell_s", cls.max_recover_dwell_s, min=0.0, max=3600),
             panic_exit_s=section.number("panic_exit_s", cls.panic_exit_s, min=0.0, max=3600),
             timer_slack_s=section.number("timer_slack_s", cls.timer_slack_s, min=0.0, max=10.0),
         )
@@ -91,11 +104,25 @@ class SafetyConfig:
 
 
 @dataclass(frozen=True)
+class HostPin:
+    """control/host/<addr>: the operator says this host is healthy until `until` (unix s)."""
+
+    addr: str  # canonical text
+    until: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Controls:
-    """Operator switches read from KV: control/freeze and control/shift/<az> (expiry, unix s)."""
+    """Operator switches read from KV: control/freeze and control/shift/<az> (expiry, unix
+    s), which the safety rules take; control/host/<addr> and control/hosts-off, which the
+    host judgement takes (controller/hosts.py `host_controls`)."""
 
     freeze: bool = False
     shifts: Mapping[str, float] = field(default_factory=dict)
+    host_pins: Mapping[str, HostPin] = field(default_factory=dict)  # addr -> pin
+    hosts_off: bool = False
+    hosts_off_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +140,8 @@ class ZoneMemory:
     degraded_since: float | None = None
     state: str = "ok"
     recovering_since: float | None = None  # degraded, but above the recovery band since then
+    recovered_at: float | None = None  # when it last went from degraded to ok
+    flaps: int = 0  # degradations in a row, each within flap_window_s of the recovery before it
 
 
 @dataclass(frozen=True)
@@ -251,6 +280,13 @@ class WorkingZone:
     hold_share: bool = False  # dwell: do not decrease this cycle
     floor: bool = False  # operator shift: drain to the floor at once
 
+    @classmethod
+    def from_memory(cls, az: str, memory: ZoneMemory, *, fresh: bool, reasons: list[str]) -> WorkingZone:
+        """Rule 1's verdict is the zone's new memory: the working values start as its copy."""
+        return cls(name=az, memory=memory, fresh=fresh, raw=memory.share_raw, health=memory.health,
+                   weight=memory.weight, stats=memory.stats, degraded=memory.degraded, state=memory.state,
+                   reasons=reasons)
+
 
 @dataclass
 class Cycle:
@@ -369,11 +405,14 @@ def _fresh_verdict(az: str, stats: ZoneStats, verdict: ZoneHealth, health: float
     weight = _clip(weight, MIN_WEIGHT, MAX_WEIGHT) if weight is not None else decay_weight(health)
     clean = _clean_stats(stats)
     reasons = list(verdict.reasons)
-    recovering_since = None
+    recovering_since, recovered_at, flaps = None, mem.recovered_at, mem.flaps
     if not mem.degraded:
         degraded = health < cfg.degraded_threshold
         reasons.append(f"health {health:.3f} < {cfg.degraded_threshold:.2f}: degraded" if degraded
                        else f"health {health:.3f} >= {cfg.degraded_threshold:.2f}: ok")
+        if degraded:
+            flapped = recovered_at is not None and now - recovered_at < cfg.flap_window_s
+            flaps = flaps + 1 if flapped else 0
     elif health < cfg.recover_above:
         degraded = True
         reasons.append(f"health {health:.3f} < {cfg.recover_above:.2f} (recovery band): degraded")
@@ -381,20 +420,29 @@ def _fresh_verdict(az: str, stats: ZoneStats, verdict: ZoneHealth, health: float
         # Until the dwell is over the zone keeps its degraded verdict (weight, share_raw),
         # so a one-cycle blip in the middle of a fault moves no share.
         recovering_since = _since(mem.recovering_since, now)
-        degraded = not _elapsed(recovering_since, now, cfg.recover_dwell_s, cfg)
+        dwell = recover_dwell(cfg, flaps)
+        dwell_text = f"recover_dwell {dwell:g} s" + (f" ({flaps} flap(s) in a row)" if flaps else "")
+        degraded = not _elapsed(recovering_since, now, dwell, cfg)
         if degraded:
             raw, weight = min(raw, mem.share_raw), min(weight, mem.weight)
             reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for {fmt(now - recovering_since)} s"
-                           f" < recover_dwell {cfg.recover_dwell_s:g} s: still degraded, verdict held")
+                           f" < {dwell_text}: still degraded, verdict held")
         else:
-            recovering_since = None
-            reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for recover_dwell"
-                           f" {cfg.recover_dwell_s:g} s: ok, recovering")
+            recovering_since, recovered_at = None, now
+            reasons.append(f"health {health:.3f} >= {cfg.recover_above:.2f} for {dwell_text}: ok, recovering")
     since = _since(mem.degraded_since if mem.degraded else None, now) if degraded else None
     memory = ZoneMemory(first_seen=mem.first_seen, last_good_at=now, last_seen=now, health=health, weight=weight,
                         share_raw=raw, stats=clean, degraded=degraded, degraded_since=since,
-                        state="degraded" if degraded else "ok", recovering_since=recovering_since)
-    return WorkingZone(az, memory, True, raw, health, weight, clean, degraded, memory.state, reasons)
+                        state="degraded" if degraded else "ok", recovering_since=recovering_since,
+                        recovered_at=recovered_at, flaps=flaps)
+    return WorkingZone.from_memory(az, memory, fresh=True, reasons=reasons)
+
+
+def recover_dwell(cfg: SafetyConfig, flaps: int) -> float:
+    """How long a degraded zone must stay above the recovery band: recover_dwell_s, plus
+    as much again per flap in a row (as Envoy's outlier ejection time grows with each
+    ejection), so a flapping switch's zone stays drained instead of oscillating."""
+    return min(cfg.recover_dwell_s * (1 + flaps), max(cfg.max_recover_dwell_s, cfg.recover_dwell_s))
 
 
 def _without_evidence(az: str, stats: ZoneStats | None, mem: ZoneMemory, now: float, cfg: SafetyConfig) -> WorkingZone:
@@ -411,14 +459,13 @@ def _without_evidence(az: str, stats: ZoneStats | None, mem: ZoneMemory, now: fl
             if state == "stale":
                 reasons.append(f"evidence older than stale_after_s {cfg.stale_after_s:g} s: stale")
             memory = replace(mem, state=state, last_seen=last_seen)
-            return WorkingZone(az, memory, False, mem.share_raw, mem.health, mem.weight, mem.stats,
-                         mem.degraded, state, reasons)
+            return WorkingZone.from_memory(az, memory, fresh=False, reasons=reasons)
         reasons = [f"{why}: last evidence {fmt(age)} s ago > equal_after_s {cfg.equal_after_s:g} s: treated as healthy"]
     else:
         reasons = [f"{why}: no evidence yet, treated as healthy (never drain on missing data)"]
     memory = replace(mem, degraded=False, degraded_since=None, recovering_since=None, state="stale", share_raw=1.0,
                      last_seen=last_seen)
-    return WorkingZone(az, memory, False, 1.0, mem.health, mem.weight, mem.stats, False, "stale", reasons)
+    return WorkingZone.from_memory(az, memory, fresh=False, reasons=reasons)
 
 
 def operator_freeze(c: Cycle) -> None:

@@ -4,7 +4,8 @@
 Everything an agent sends is filtered through it before it reaches any state: a window
 whose own `az` is not configured is dropped whole; a path whose `src` is not the window's
 own `az` (a node measures its own connections, so its source is its own AZ), or whose
-`dst` is neither configured nor `other`, is dropped. Each drop is counted (metrics
+`dst` is neither configured nor `other`, is dropped, and so is a host summary whose
+`src` is not the window's `az` or whose `dst` is not configured. Each drop is counted (metrics
 `azprobe_controller_topology_*_total`) and logged at most once a minute with the
 counts, so detector state, metric series, views and `weights/from/<src>` keys can never
 outgrow the configured AZs whatever names agents invent.
@@ -61,6 +62,7 @@ class TopologyCounters:
     windows_unknown_az: int = 0  # the window's own az is not configured: dropped whole
     paths_foreign_src: int = 0  # src is not the window's own az
     paths_unknown_dst: int = 0  # dst is neither configured nor `other`
+    hosts_foreign: int = 0  # a host summary whose src is not the window's az, or whose dst is not configured
 
 
 @dataclass
@@ -95,9 +97,12 @@ class Topology:
                 c.paths_unknown_dst += 1
             else:
                 kept.append(p)
-        if len(kept) != len(window.paths):
+        hosts = [h for h in window.hosts if h.src == window.az and self.knows(h.dst)]
+        if len(hosts) != len(window.hosts):
+            c.hosts_foreign += len(window.hosts) - len(hosts)
+        if len(kept) != len(window.paths) or len(hosts) != len(window.hosts):
             self._report(window)
-            return replace(window, paths=kept)
+            return replace(window, paths=kept, hosts=hosts)
         return window
 
     def _report(self, window: Window) -> None:

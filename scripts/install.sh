@@ -43,7 +43,7 @@ install -m 0644 "$SRC/README.md" "$PREFIX/README.md" 2>/dev/null || true
 
 # 2. Units: package-owned, so always refreshed; their paths follow PREFIX and CONFIG_DIR.
 mkdir -p "$UNIT_DIR"
-for unit in azprobe-agent.service azprobe-controller.service; do
+for unit in azprobe-agent.service azprobe-controller.service azprobe-scheduler-extender.service; do
   tmp=$(mktemp)
   sed -e "s#/opt/azprobe/#$PREFIX/#g" -e "s#/etc/azprobe/#$CONFIG_DIR/#g" "$SRC/systemd/$unit" > "$tmp"
   if cmp -s "$tmp" "$UNIT_DIR/$unit"; then
@@ -57,7 +57,7 @@ done
 
 # 3. Configs: operator-owned, so only when absent.
 install -d -m 0755 "$CONFIG_DIR"
-for config in agent.toml controller.toml; do
+for config in agent.toml controller.toml scheduler-extender.toml; do
   if [ -e "$CONFIG_DIR/$config" ]; then
     log "kept existing $CONFIG_DIR/$config"
   else

@@ -62,3 +62,17 @@ def path_histogram(agent: Agent, after: int, src: str, dst: str, field: str) -> 
             if p.src == src and p.dst == dst:
                 out.merge(getattr(p, field))
     return out
+
+
+def host_total(agent: Agent, after: int, src: str, dst: str, addr: str, field: str) -> int:
+    """Sum of one host's counter (or, for "rtt", its RTT samples) over the windows with seq > after."""
+    total = 0
+    for w in agent.ring.after(after):
+        for h in w.hosts:
+            if (h.src, h.dst, h.addr) == (src, dst, addr):
+                total += sum(h.rtt_buckets) if field == "rtt" else getattr(h, field)
+    return total
+
+
+def hosts_dropped(agent: Agent, after: int) -> int:
+    return sum(w.hosts_dropped for w in agent.ring.after(after))

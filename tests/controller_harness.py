@@ -9,12 +9,15 @@ the test fails.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 AZS = ("az-a", "az-b", "az-c")  # the fake agents' AZs
+SESSION_TTL_S = 10.0  # the harness's controllers (Consul's minimum)
 
 
 def topology(azs: tuple[str, ...] = AZS) -> Topology:
@@ -43,7 +47,7 @@ def controller_config(name: str, consul_url: str, agents: list[str], *,
         "controller": {"name": name, "interval_s": interval_s, "evaluation_window_s": evaluation_window_s,
                        # port 0: the kernel picks; advertise port 0 = the port bound
                        "listen": "127.0.0.1:0", "advertise": "127.0.0.1:0",
-                       "session_ttl_s": 10, "lock_delay_s": lock_delay_s},
+                       "session_ttl_s": SESSION_TTL_S, "lock_delay_s": lock_delay_s},
         "consul": {"address": consul_url, "prefix": "azprobe/v1/"},
         "agents": {"static": agents, "pull_timeout_s": 0.5},
         "safety": {"min_samples": 20, "stale_after_s": 2, "equal_after_s": 4, "heartbeat_s": 30,
@@ -160,3 +164,56 @@ def leader_holder(client: consul.Consul, key: str = "azprobe/v1/leader") -> dict
     if not data or not data.get("Session"):
         return None
     return {**json.loads(data["Value"]), "session": data["Session"]}
+
+
+def fleet_controller(consul_url: str, urls: list[str], prefix: str, azs: list[str]) -> Any:
+    """An in-process Controller for a fake-agent fleet: 0.2 s cycles over a 2 s window, no
+    lock delay, a 1 s drain dwell, pulling `urls` and publishing under `prefix`."""
+    from azprobe.controller.config import parse_config
+    from azprobe.controller.main import Controller
+
+    return Controller(parse_config({
+        "controller": {"name": "ctl", "listen": "127.0.0.1:9", "interval_s": 0.2, "evaluation_window_s": 2.0,
+                       "lock_delay_s": 0},
+        "consul": {"address": consul_url, "prefix": prefix},
+        "agents": {"static": urls},
+        "topology": {"azs": azs},
+        "safety": {"drain_dwell_s": 1.0},
+    }))
+
+
+def drive_rounds(ctl: Any, agents: Any, read: Any = None, *, rounds: int, step_s: float = 0.2,
+                 before_pull: Any = None, loop: Any = None, simulated_clock: bool = True) -> list:
+    """Run a Controller (controller.main) round by round: every agent emits a window,
+    `before_pull(i)` runs on the controller's loop, one cycle, one Consul round (driven, so
+    nothing waits on a timer), then `read()`'s result is kept; returns those results.
+    simulated_clock: the decision clock steps `step_s` a round instead of reading the
+    wall. On `loop` (an event loop the caller keeps, and closes the collector on) rounds
+    can follow later rounds; without one the collector is closed at the end."""
+    import asyncio
+    import time
+
+    results = []
+    clock = [time.time()]
+    if simulated_clock:
+        ctl.decider.wall = ctl.consul.wall = lambda: clock[0]
+
+    async def run() -> None:
+        for i in range(rounds):
+            for agent in agents:
+                agent.emit(interval_s=step_s)
+            if before_pull:
+                before_pull(i)
+            await ctl.cycle()
+            await asyncio.to_thread(ctl.consul_tick)
+            if read is not None:
+                results.append(read())
+            clock[0] += step_s
+        if loop is None:
+            await ctl.collector.close()
+
+    if loop is None:
+        asyncio.run(run())
+    else:
+        loop.run_until_complete(run())
+    return results

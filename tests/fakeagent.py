@@ -29,9 +29,12 @@ from dataclasses import dataclass
 import uvloop
 from aiohttp import web
 
+from azprobe.clients.transport import raise_file_limit
 from azprobe.daemon.address_file import write_address_file
+from azprobe.security.tls import RotatingContext, TlsFiles, server_context
 from azprobe.contracts.sketch import Histogram
-from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
+from azprobe.contracts.window import (HOST_RTT_BUCKETS, HostStats, PathStats, Utilisation, Window, WindowError,
+                                      host_rtt_bucket, parse_window)
 from azprobe.contracts.windowcodec import COMPACT_TYPE, JSON_TYPE, encode_compact_page, encode_compact_window, negotiate
 
 
@@ -60,12 +63,31 @@ class PathSpec:
                          retrans=self.syn_retrans + self.rto, rtt_us=rtt, connect_us=connect)
 
 
+@dataclass
+class HostSpec:
+    """One destination address of a path, per window: the window's optional hosts section."""
+
+    dst: str
+    addr: str
+    connects: int = 20
+    failures: int = 0
+    rto: int = 0
+    rtt_ms: float = 1.0
+    rtt_samples: int = 40
+
+    def stats(self, src: str) -> HostStats:
+        buckets = [0] * HOST_RTT_BUCKETS
+        buckets[host_rtt_bucket(int(self.rtt_ms * 1000))] = self.rtt_samples
+        return HostStats(src, self.dst, self.addr, self.connects, self.failures, self.rto, self.rto, buckets)
+
+
 class FakeAgent:
     def __init__(self, node: str, az: str, paths: list[PathSpec], *, ring_size: int = 300,
-                 cpu: float = 0.3, mem: float = 0.5) -> None:
+                 cpu: float = 0.3, mem: float = 0.5, hosts: list[HostSpec] | None = None) -> None:
         self.node = node
         self.az = az
         self.paths = paths
+        self.hosts = hosts or []  # empty: windows without the hosts section, as before
         self.cpu = cpu
         self.mem = mem
         self.boot_id = uuid.uuid4().hex
@@ -86,7 +108,7 @@ class FakeAgent:
             self.seq += 1
             window = Window(node=self.node, az=self.az, boot_id=self.boot_id, seq=self.seq,
                             start=end - interval_s, end=end, util=Utilisation(self.cpu, self.mem),
-                            paths=[p.stats(self.az) for p in self.paths])
+                            paths=[p.stats(self.az) for p in self.paths], hosts=[h.stats(self.az) for h in self.hosts])
             doc = window.to_json()
             self.ring.append(doc)
         return doc
@@ -169,8 +191,12 @@ class Impersonator(FakeAgent):
 class FakeAgentServer:
     """Serves many FakeAgents over real HTTP on 127.0.0.1 from one background thread."""
 
-    def __init__(self, interval_s: float | None = None, port: int = 0) -> None:
+    def __init__(self, interval_s: float | None = None, port: int = 0, tls: TlsFiles | None = None) -> None:
         self.agents: dict[str, FakeAgent] = {}
+        # tls: HTTPS with this certificate for every agent served here (ca_file: the CA
+        # clients must be signed by), rotated like the agent's: a new file is used by the
+        # next handshake.
+        self.tls = RotatingContext(tls, "agent.tls", server_context) if tls else None
         self.interval_s = interval_s  # None: windows only when the test calls emit()
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -186,9 +212,17 @@ class FakeAgentServer:
 
     def url(self, key: str) -> str:
         """Agent KEY's base URL; the agent added with key "" answers at the root, like a real one."""
-        return f"http://127.0.0.1:{self.port}/a/{key}" if key else f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/a/{key}" if key else f"{scheme}://127.0.0.1:{self.port}"
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self.tls is not None and request.transport is not None:
+            tls = request.transport.get_extra_info("ssl_object")
+            if tls is not None and tls.context is not self.tls.current():
+                # Made with material since rotated: not used again, like the agent's own
+                # server (agent/httpserver/tlsserve.py); the client retries on a new one.
+                request.transport.close()
+                return web.Response(status=503)
         agent = self.agents.get(request.match_info.get("key", ""))
         if agent is None:
             return web.json_response({"error": "no such agent"}, status=404)
@@ -218,7 +252,8 @@ class FakeAgentServer:
         app.router.add_get("/v1/windows", self._handle)
         runner = web.AppRunner(app, access_log=None)
         loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", self.port, backlog=4096)
+        site = web.TCPSite(runner, "127.0.0.1", self.port, backlog=4096,
+                           ssl_context=self.tls.serving_context() if self.tls else None)
         loop.run_until_complete(site.start())
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self._runner = runner
@@ -347,13 +382,25 @@ class _BulkProtocol(asyncio.Protocol):
                                  + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int, address_file: str) -> None:
-    _BulkProtocol.bulk = _BulkAgents(n, azs, interval_s, attempts)
+def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int, address_file: str,
+                tls_dir: str = "", first: int = 0) -> None:
+    _BulkProtocol.bulk = _BulkAgents(first + n, azs, interval_s, attempts)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(_BulkProtocol, "127.0.0.1", 0, backlog=8192)
-        write_address_file(address_file, "127.0.0.1", server.sockets[0].getsockname()[1])
+        if tls_dir:  # one port per agent, each with the node certificate n<KEY> (bench --tls)
+            raise_file_limit()
+            ca, ports = f"{tls_dir}/ca.crt", []
+            for key in range(first, first + n):
+                ctx = server_context(TlsFiles(f"{tls_dir}/n{key}.crt", f"{tls_dir}/n{key}.key", ca), "agent.tls")
+                server = await loop.create_server(_BulkProtocol, "127.0.0.1", 0, backlog=64, ssl=ctx)
+                ports.append(server.sockets[0].getsockname()[1])
+            with open(f"{tls_dir}/ports-{first}.json", "w") as f:
+                json.dump(ports, f)
+            write_address_file(address_file, "127.0.0.1", ports[0])
+        else:
+            server = await loop.create_server(_BulkProtocol, "127.0.0.1", 0, backlog=8192)
+            write_address_file(address_file, "127.0.0.1", server.sockets[0].getsockname()[1])
         await asyncio.Event().wait()
 
     uvloop.run(main())  # the controller's loop too: the bench's server should not hog the box
@@ -366,8 +413,13 @@ if __name__ == "__main__":
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--attempts", type=int, default=50)
     parser.add_argument("--address-file", required=True, help="where to write the bound host:port")
+    parser.add_argument("--tls-dir", default="", help="HTTPS: ca.crt and n<KEY>.crt/.key per agent; the ports "
+                        "go to ports-FIRST.json there")
+    parser.add_argument("--first", type=int, default=0, help="HTTPS: serve agents FIRST .. FIRST+N-1 (one process "
+                        "of several)")
     args = parser.parse_args()
     try:
-        _serve_bulk(args.agents, args.azs.split(","), args.interval, args.attempts, args.address_file)
+        _serve_bulk(args.agents, args.azs.split(","), args.interval, args.attempts, args.address_file, args.tls_dir,
+                    args.first)
     except KeyboardInterrupt:
         sys.exit(0)

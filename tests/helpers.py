@@ -4,17 +4,40 @@ by sleeping a fixed time (a loaded 2-core box makes fixed sleeps flaky)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
+from azprobe.controller.config import DEFAULT_EVALUATION_WINDOW_S
+
 T = TypeVar("T")
+
+# The [safety] keys the lab tests' controllers run on (run_scenario's `safety`): a zone
+# recovers after one evaluation window of health instead of the shipped 10 s and regains
+# 10 points a cycle instead of 5, and panic ends after one window too. The lab tests check
+# that a zone comes back and that panic ends; how long the shipped dwells hold and how
+# slowly a zone regains are tests/unit/test_safety_rules.py's. Each run ends ~10 s sooner.
+LAB_SAFETY = {"recover_dwell_s": DEFAULT_EVALUATION_WINDOW_S, "panic_exit_s": DEFAULT_EVALUATION_WINDOW_S,
+              "max_increase_points": 10.0}
+
+
+def stop_process(proc: "subprocess.Popen[bytes]", timeout_s: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL when it has not ended within `timeout_s`; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def write_secret(path: Path, text: str) -> Path:
@@ -24,6 +47,19 @@ def write_secret(path: Path, text: str) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     return path
+
+
+def make_acl_token(dc: Any, master: str, description: str = "azprobe") -> tuple[str, str]:
+    """A new ACL token from devconsul (`dc`: a DevConsul) made with the master token:
+    (AccessorID, SecretID)."""
+    resp = dc.request("PUT", "/v1/acl/token", body=json.dumps({"Description": description}),
+                      headers={"X-Consul-Token": master})
+    assert resp.status == 200, resp.text
+    return resp.json()["AccessorID"], resp.json()["SecretID"]
+
+
+def revoke_acl_token(dc: Any, master: str, accessor: str) -> None:
+    assert dc.request("DELETE", f"/v1/acl/token/{accessor}", headers={"X-Consul-Token": master}).status == 200
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
@@ -134,3 +170,30 @@ def refused_port(host: str = "127.0.0.1") -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind((host, 0))
         yield sock.getsockname()[1]
+
+
+class EchoServer:
+    """A loopback TCP server that echoes whatever arrives, one connection at a time."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()

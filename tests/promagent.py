@@ -28,7 +28,7 @@ from tests.fakeagent import PathSpec
 
 
 class SyntheticAgent:
-    """Implements azprobe.agent.http.AgentState from PathSpecs."""
+    """Implements azprobe.agent.http.ServedState from PathSpecs."""
 
     def __init__(self, node: str, az: str, paths: list[PathSpec], *, cpu: float = 0.2, mem: float = 0.3) -> None:
         self.node, self.az, self.paths = node, az, paths
@@ -59,7 +59,7 @@ class SyntheticAgent:
                     hists[n].merge(getattr(p, n))
             return window
 
-    # --- AgentState ---------------------------------------------------------------
+    # --- ServedState --------------------------------------------------------------
     def windows_page(self, after: int) -> tuple[dict[str, str], list[Window]]:
         with self.lock:
             windows = [w for w in self.ring if w.seq > after]

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from azprobe.clients.transport import MAX_BODY_BYTES, AgentHttpClient, Endpoint, HttpError
+from azprobe.clients.transport import MAX_BODY_BYTES, AgentHttpClient, Endpoint, HttpError, PeerCertificate
 from azprobe.contracts.window import Window, WindowError, printable
 from azprobe.contracts.windowcodec import ACCEPT_BOTH, WindowsPage, decode_page
 
@@ -41,8 +41,15 @@ async def pull_page(http: AgentHttpClient, ep: Endpoint, after: int, *, token: s
                     timeout_s: float = 5.0) -> WindowsPage:
     """One page of windows after `after` (async, on the caller's connection pool).
     Raises TimeoutError, OSError, HttpError, AgentHttpStatus or WindowError."""
+    page, _ = await pull_answer(http, ep, after, token=token, timeout_s=timeout_s)
+    return page
+
+
+async def pull_answer(http: AgentHttpClient, ep: Endpoint, after: int, *, token: str = "",
+                      timeout_s: float = 5.0) -> tuple[WindowsPage, PeerCertificate | None]:
+    """pull_page, and the certificate of the connection that answered (https; else None)."""
     response = await http.get(ep, windows_path(after), timeout_s, request_headers(token))
-    return _page(response.status, response.content_type, response.body, http.max_body_bytes)
+    return _page(response.status, response.content_type, response.body, http.max_body_bytes), response.peer
 
 
 def fetch_page(base_url: str, after: int, *, token: str = "", timeout_s: float = 2.0,

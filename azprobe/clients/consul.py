@@ -38,9 +38,13 @@ import consul.base
 import consul.std
 import requests
 
+from azprobe.clients import consul_tls
+from azprobe.clients.consul_tls import parse_bool
 from azprobe.config import Section, read_token_file
 from azprobe.contracts import bounded_json, kv
 from azprobe.errors import AzprobeError, ConfigError
+from azprobe.security import secret_file
+from azprobe.security.tls import TlsFiles, client_context
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ MAX_TXN_OPS = 128  # Consul's limit per transaction
 MAX_ANSWER_BYTES = 8 * kv.MAX_VALUE_BYTES
 ADDRESS_HELP = "pass --consul URL or set CONSUL_HTTP_ADDR"
 TOKEN_HELP = "set CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE or consul.token_file"
+TOKEN_FILE_FIELD = "consul.token_file"
 
 
 # --- errors -------------------------------------------------------------------------
@@ -86,13 +91,27 @@ class TxnConflict(ConsulError):
 
 @dataclass(frozen=True)
 class ConsulSettings:
-    """Where Consul is and how to authenticate. `token` is excluded from repr."""
+    """Where Consul is and how to authenticate. `token` is excluded from repr.
+
+    The ACL token: `token_file` (a path) beats `token` (a literal, e.g. CONSUL_HTTP_TOKEN).
+    The file is re-read when it changes, or on SIGHUP (secret_file.SecretFile, one per
+    path in the process): `current_token()` is what the next request sends.
+
+    TLS (an https:// address): `ca_file` verifies Consul's certificate (None: the
+    system's store), `cert_file`/`key_file` are our client certificate (Consul's
+    verify_incoming), `server_name` the name verified instead of the address's host,
+    `verify=False` no verification at all (CONSUL_HTTP_SSL_VERIFY=false)."""
 
     address: str = DEFAULT_ADDRESS
     token: str | None = field(default=None, repr=False)
     ca_file: str | None = None
     prefix: str = DEFAULT_PREFIX
     timeout_s: float = 10.0
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+    verify: bool = True
+    token_file: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", normalize_address(self.address))
@@ -102,11 +121,19 @@ class ConsulSettings:
             raise ConfigError("consul.prefix", f"{self.prefix!r} starts with '/'", "use e.g. azprobe/v1/")
 
     def __repr__(self) -> str:
-        token = "<set>" if self.token else "<none>"
-        return (f"ConsulSettings(address={self.address!r}, token={token}, ca_file={self.ca_file!r}, "
+        token = "<file>" if self.token_file else "<set>" if self.token else "<none>"
+        tls = (f", cert_file={self.cert_file!r}, server_name={self.server_name!r}, verify={self.verify}"
+               if self.tls else "")
+        return (f"ConsulSettings(address={self.address!r}, token={token}, ca_file={self.ca_file!r}{tls}, "
                 f"prefix={self.prefix!r})")
 
     __str__ = __repr__
+
+    def current_token(self) -> str | None:
+        """The token the next request carries: the token file's last good content, else `token`."""
+        if self.token_file:
+            return secret_file.shared(self.token_file, TOKEN_FILE_FIELD, read_token_file).value()
+        return self.token
 
     def key(self, name: str) -> str:
         """Full KV key for a name under the prefix, e.g. key("weights")."""
@@ -118,37 +145,79 @@ class ConsulSettings:
         url = urllib.parse.urlsplit(self.address)
         return url.scheme, url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 8500)
 
+    @property
+    def tls(self) -> bool:
+        return self.address.startswith("https://")
+
+    def tls_files(self) -> TlsFiles:
+        return TlsFiles(cert_file=self.cert_file, key_file=self.key_file, ca_file=self.ca_file,
+                        server_name=self.server_name, verify=self.verify)
+
     @classmethod
     def from_env(cls, address: str | None = None, prefix: str | None = None,
-                 token_file: str | None = None, ca_file: str | None = None) -> "ConsulSettings":
-        """Explicit arguments (CLI flags) win; then CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN_FILE,
-        CONSUL_HTTP_TOKEN, CONSUL_CACERT; then the defaults."""
-        return cls(
-            address=address or os.environ.get("CONSUL_HTTP_ADDR") or DEFAULT_ADDRESS,
-            token=resolve_token(token_file, "consul.token_file"),
-            ca_file=ca_file or os.environ.get("CONSUL_CACERT") or None,
-            prefix=DEFAULT_PREFIX if prefix is None else prefix,
-        )
+                 token_file: str | None = None, ca_file: str | None = None, cert_file: str | None = None,
+                 key_file: str | None = None, server_name: str | None = None) -> "ConsulSettings":
+        """Consul's CLI precedence: explicit arguments (CLI flags) win; then CONSUL_HTTP_ADDR,
+        CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_TOKEN, CONSUL_CACERT, CONSUL_CLIENT_CERT,
+        CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME, CONSUL_HTTP_SSL_VERIFY; then the defaults.
+        The TLS files are checked now (ConfigError) when the address is https."""
+        flags = {"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file, "server_name": server_name}
+        settings = cls(address=_env_address(address), **resolve_token(token_file, TOKEN_FILE_FIELD),
+                       prefix=DEFAULT_PREFIX if prefix is None else prefix, **_env_tls(flags, None))
+        check_tls(settings, "consul")
+        return settings
 
     @classmethod
     def from_section(cls, section: Section) -> "ConsulSettings":
-        """The [consul] table of a config file (docs/contracts.md "Controller config"); empty values fall back to
-        the environment, then to the defaults. Unknown keys are rejected."""
+        """The [consul] table of a config file (docs/contracts.md "Controller config"); a value
+        set there counts as explicit, beating the environment, which beats the defaults.
+        Unknown keys are rejected."""
         address = section.string("address", "")
         token_file = section.string("token_file", "")
-        ca_file = section.string("ca_file", "")
+        explicit = {key: section.string(key, "") or None for key in ("ca_file", "cert_file", "key_file",
+                                                                     "server_name")}
+        verify = section.boolean("verify", True) if section.has("verify") else None
         prefix = section.string("prefix", DEFAULT_PREFIX)
         section.reject_unknown()
+        resolved = _env_address(address or None)
         try:
-            normalize_address(address or os.environ.get("CONSUL_HTTP_ADDR") or DEFAULT_ADDRESS)
+            normalize_address(resolved)
         except ConfigError as exc:
             raise ConfigError(section.field("address"), exc.problem, exc.fix) from None
-        return cls(
-            address=address or os.environ.get("CONSUL_HTTP_ADDR") or DEFAULT_ADDRESS,
-            token=resolve_token(token_file or None, section.field("token_file")),
-            ca_file=ca_file or os.environ.get("CONSUL_CACERT") or None,
-            prefix=prefix,
-        )
+        settings = cls(address=resolved, **resolve_token(token_file or None, section.field("token_file")),
+                       prefix=prefix, **_env_tls(explicit, verify))
+        check_tls(settings, section.name or "consul")
+        return settings
+
+
+def _env_address(explicit: str | None) -> str:
+    """The address, and CONSUL_HTTP_SSL=true's https (which, as in Consul's CLI, never
+    reverts to http)."""
+    address = explicit or os.environ.get("CONSUL_HTTP_ADDR") or DEFAULT_ADDRESS
+    ssl_env = os.environ.get("CONSUL_HTTP_SSL")
+    if ssl_env and parse_bool("CONSUL_HTTP_SSL", ssl_env):
+        address = "https://" + address.split("://", 1)[-1]
+    return address
+
+
+_TLS_ENV = {"ca_file": "CONSUL_CACERT", "cert_file": "CONSUL_CLIENT_CERT", "key_file": "CONSUL_CLIENT_KEY",
+            "server_name": "CONSUL_TLS_SERVER_NAME"}
+
+
+def _env_tls(explicit: Mapping[str, str | None], verify: bool | None) -> dict[str, Any]:
+    values: dict[str, Any] = {key: explicit.get(key) or os.environ.get(env) or None for key, env in _TLS_ENV.items()}
+    if verify is None:
+        env = os.environ.get("CONSUL_HTTP_SSL_VERIFY")
+        verify = parse_bool("CONSUL_HTTP_SSL_VERIFY", env) if env else True
+    values["verify"] = verify
+    return values
+
+
+def check_tls(settings: ConsulSettings, field_name: str) -> None:
+    """Build the client context once, so a missing file or a key others may read is a
+    ConfigError at start (exit 2), never a failure at the first request."""
+    if settings.tls:
+        client_context(settings.tls_files(), field_name)
 
 
 def normalize_address(address: str) -> str:
@@ -171,12 +240,18 @@ def normalize_address(address: str) -> str:
     return f"{url.scheme}://{host}:{port or (443 if url.scheme == 'https' else 8500)}"
 
 
-def resolve_token(token_file: str | None, field_name: str) -> str | None:
-    """Consul's precedence: a token file beats a token; an explicit file beats the env."""
+def resolve_token(token_file: str | None, field_name: str) -> dict[str, str | None]:
+    """{"token": ..., "token_file": ...} by Consul's precedence: a token file beats a token;
+    an explicit file beats the env. The file is read strictly now (a loose mode or an empty
+    file is a ConfigError at start, exit 2); from then on the process's one SecretFile for
+    the path re-reads it, keeping the last good token when a re-read fails."""
     path = token_file or os.environ.get("CONSUL_HTTP_TOKEN_FILE") or None
     if path:
-        return read_token_file(path, field_name if token_file else "CONSUL_HTTP_TOKEN_FILE")
-    return os.environ.get("CONSUL_HTTP_TOKEN") or None
+        label = field_name if token_file else "CONSUL_HTTP_TOKEN_FILE"
+        read_token_file(path, label)
+        secret_file.shared(path, label, read_token_file)
+        return {"token": None, "token_file": path}
+    return {"token": os.environ.get("CONSUL_HTTP_TOKEN") or None, "token_file": None}
 
 
 # --- client -------------------------------------------------------------------------
@@ -196,19 +271,42 @@ class _BoundedHTTPClient(consul.std.HTTPClient):
 
 
 class _BoundedConsul(consul.Consul):
+    """Its `token` is asked of the settings on every request (py-consul reads it for each
+    call's header), so a rotated token file is sent from the next request on."""
+
+    settings: ConsulSettings | None = None
+
+    @property  # type: ignore[override]
+    def token(self) -> str | None:
+        return self.settings.current_token() if self.settings is not None else self._token
+
+    @token.setter
+    def token(self, value: str | None) -> None:
+        # py-consul's own __init__ sets CONSUL_HTTP_TOKEN over an explicit token; once the
+        # settings are attached they decide, by Consul's precedence (resolve_token).
+        self._token = value
+
     def http_connect(self, host: str, port: int, scheme: str, verify: bool | str = True,
                      cert: Any = None) -> consul.std.HTTPClient:
         return _BoundedHTTPClient(host, port, scheme, verify, cert, connections_timeout=self.connections_timeout)
 
 
+def http_session(settings: ConsulSettings) -> requests.Session:
+    """The requests session for Consul at `settings.address`: every Consul client of
+    azprobe (py-consul's, the doctor's) goes through it, so https:// always means the
+    settings' TLS files, through the one context builder (consul_tls)."""
+    context = consul_tls.tls_context(settings.tls_files(), "consul") if settings.tls else None
+    return consul_tls.session(context)
+
+
 def make_client(settings: ConsulSettings) -> consul.Consul:
-    """A py-consul client for the settings. py-consul lets CONSUL_HTTP_TOKEN override an
-    explicit token; we set the resolved token afterwards so the settings decide."""
+    """A py-consul client for the settings; its token is the settings' current one at
+    each request (py-consul's CONSUL_HTTP_TOKEN override does not apply)."""
     scheme, host, port = settings.parts
-    verify: bool | str = settings.ca_file or True
-    client = _BoundedConsul(host=host, port=port, scheme=scheme, verify=verify,
+    client = _BoundedConsul(host=host, port=port, scheme=scheme, verify=settings.verify,
                             connections_timeout=settings.timeout_s)
-    client.token = settings.token
+    client.http.session = http_session(settings)
+    client.settings = settings
     return client
 
 
@@ -226,6 +324,9 @@ def translate_error(exc: BaseException, address: str, what: str) -> ConsulError:
     """Map requests / py-consul exceptions to one-line errors that say what to fix."""
     if isinstance(exc, ConsulError):
         return exc
+    tls_failure = consul_tls.describe_failure(exc, address, what)
+    if tls_failure is not None:
+        return ConsulUnreachable(tls_failure)
     if isinstance(exc, requests.exceptions.SSLError):
         return ConsulUnreachable(f"TLS to Consul at {address} failed while {what} "
                                  f"(set CONSUL_CACERT or consul.ca_file to the CA bundle)")
@@ -252,20 +353,27 @@ class KeyState:
         return self.value is None and not self.entries
 
 
+def _blocking_read(client: consul.Consul, what: str, index: int, wait_s: float | None,
+                   call: Callable[[str | None], tuple[Any, Any]]) -> tuple[int, Any]:
+    """One (optionally blocking) py-consul read: `call(wait)` -> (X-Consul-Index, data).
+    Its errors become ConsulError; an index that is not an integer is refused."""
+    wait = f"{max(1, math.ceil(wait_s))}s" if wait_s and index else None
+    try:
+        raw_index, data = call(wait)
+    except Exception as exc:  # requests and py-consul raise many types; all mean "no answer"
+        raise translate_error(exc, address_of(client), what) from None
+    try:
+        return int(raw_index), data
+    except (TypeError, ValueError):
+        raise ConsulError(f"Consul at {address_of(client)} sent a bad X-Consul-Index {raw_index!r:.40}") from None
+
+
 def read_key(client: consul.Consul, key: str, *, index: int = 0, wait_s: float | None = None,
              recurse: bool = False, require_nonempty: bool = False) -> KeyState:
     """One (optionally blocking) KV read. Raises ConsulError subclasses; a 404 on a
     single key returns KeyState(value=None)."""
-    what = f"reading {key!r}"
-    wait = f"{max(1, math.ceil(wait_s))}s" if wait_s and index else None
-    try:
-        raw_index, data = client.kv.get(key, index=index or None, wait=wait, recurse=recurse)
-    except Exception as exc:  # requests and py-consul raise many types; all mean "no answer"
-        raise translate_error(exc, address_of(client), what) from None
-    try:
-        new_index = int(raw_index)
-    except (TypeError, ValueError):
-        raise ConsulError(f"Consul at {address_of(client)} sent a bad X-Consul-Index {raw_index!r:.40}") from None
+    new_index, data = _blocking_read(client, f"reading {key!r}", index, wait_s,
+                                     lambda wait: client.kv.get(key, index=index or None, wait=wait, recurse=recurse))
     if recurse:
         entries = {item["Key"]: item.get("Value") for item in (data or [])}
         if not entries and require_nonempty:
@@ -274,6 +382,42 @@ def read_key(client: consul.Consul, key: str, *, index: int = 0, wait_s: float |
         return KeyState(index=new_index, entries=entries)
     value = None if data is None else (data.get("Value") or b"")
     return KeyState(index=new_index, value=value)
+
+
+MAX_INSTANCES = 10_000  # instances of one service read from the catalog; more is refused
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    index: int
+    instances: tuple[tuple[str, int], ...]  # (address, port) of each passing instance
+
+
+def read_service(client: consul.Consul, service: str, *, index: int = 0,
+                 wait_s: float | None = None) -> ServiceState:
+    """One (optionally blocking) read of /v1/health/service/NAME?passing: the address
+    (the service's, else its node's) and port of each passing instance."""
+    what = f"reading the health of service {service!r}"
+    new_index, data = _blocking_read(client, what, index, wait_s,
+                                     lambda wait: client.health.service(service, index=index or None, wait=wait,
+                                                                        passing=True))
+    if not isinstance(data, list):
+        raise ConsulError(f"Consul at {address_of(client)} sent no list {what}")
+    if len(data) > MAX_INSTANCES:
+        raise ConsulError(f"Consul at {address_of(client)} listed {len(data)} instances {what}: "
+                          f"over {MAX_INSTANCES}")
+    instances = []
+    for entry in data:
+        try:
+            svc, node = entry["Service"], entry["Node"]
+            address = svc.get("Address") or node.get("Address")
+            port = svc["Port"]
+        except (KeyError, TypeError, AttributeError):
+            raise ConsulError(f"Consul at {address_of(client)} sent a malformed entry {what}") from None
+        if not isinstance(address, str) or isinstance(port, bool) or not isinstance(port, int):
+            raise ConsulError(f"Consul at {address_of(client)} sent a bad address or port {what}")
+        instances.append((address, port))
+    return ServiceState(index=new_index, instances=tuple(sorted(set(instances))))
 
 
 # --- transactions -------------------------------------------------------------------

@@ -21,8 +21,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "devconsul": ("azprobe.dev.devconsul.cli:devconsul_command", "Embedded Consul-API server for dev and tests."),
     "weights": ("azprobe.consumers.weights_cli:weights_command", "Show the weights in Consul KV."),
     "envoy-eds": ("azprobe.consumers.envoy:envoy_eds_command", "Render Envoy file-EDS from the weights."),
+    "xds": ("azprobe.consumers.xds.main:xds_group", "xDS server: the weights for Envoy (ADS/EDS) and gRPC clients."),
     "controller": ("azprobe.controller.main:controller_command", "Run the controller: windows in, weights out."),
     "model": ("azprobe.controller.model_cli:model_group", "Evaluate weight models on given stats."),
+    "scheduler-extender": ("azprobe.consumers.scheduler.server:scheduler_extender_command",
+                           "Serve kube-scheduler's extender protocol from the weights."),
     "explain": ("azprobe.consumers.explain:explain_command", "Why each AZ has the weight it has."),
     "doctor": ("azprobe.commands.doctor:doctor_command", "Preflight checks for the agent or controller."),
 }

@@ -5,8 +5,11 @@ The agent role checks what loading the probe needs (BTF, tracefs, the five
 tracepoints, kernel headers, BCC and a real test compile, capabilities). The controller
 role checks Consul the way the controller uses it (reachable, a leader, the token
 allowed to write and delete under the prefix and to hold a lock session, a sane clock)
-and that the configured agents answer. Exit 0 when every required check passes, 1 when
-one fails, 2 for bad usage or a bad config file.
+and that the configured agents answer. The xds role checks the xDS server's config,
+grpcio, its listen address and what it reads from Consul (the weights views, the catalog
+services), read-only; the extender role (doctor_extender) the scheduler extender's config,
+TLS files, listen address and weights key. Exit 0 when every required check passes, 1 when one fails, 2 for
+bad usage or a bad config file.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 
 import click
 
-from azprobe.errors import AzprobeError
+from azprobe.contracts.window import printable
+from azprobe.errors import AzprobeError, ConfigError
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SYMBOLS = {OK: "✓", WARN: "!", FAIL: "✗"}
@@ -48,6 +52,8 @@ ACL_FIX = ('give the token a policy with key_prefix "{prefix}" {{ policy = "writ
 class Role(str, Enum):
     AGENT = "agent"
     CONTROLLER = "controller"
+    XDS = "xds"
+    EXTENDER = "extender"
 
 
 @dataclass(frozen=True)
@@ -225,18 +231,22 @@ def judge_skew(low: float, high: float) -> Check:
     return ok("consul.clock_skew", detail)
 
 
-def consul_checks(settings: Any) -> Iterator[Check]:
-    """Reachable + leader + clock skew from one request, then the ACL write path and a
-    lock session. Stops at the first failure: later checks would only repeat it."""
+def consul_checks(settings: Any, *, write: bool = True) -> Iterator[Check]:
+    """Reachable + leader + clock skew from one request, then (write) the ACL write path
+    and a lock session. Stops at the first failure: later checks would only repeat it."""
     import requests
 
+    from azprobe.clients import consul as kv
+
     leader_url = settings.address + "/v1/status/leader"
-    headers = {"X-Consul-Token": settings.token} if settings.token else {}
+    token = settings.current_token()
+    headers = {"X-Consul-Token": token} if token else {}
     sent_at = time.time()
     try:
-        response = requests.get(leader_url, headers=headers, timeout=5.0, verify=settings.ca_file or True)
+        response = kv.http_session(settings).get(leader_url, headers=headers, timeout=5.0)
     except requests.exceptions.RequestException as exc:
-        yield fail("consul.reachable", f"no answer from {leader_url}: {type(exc).__name__}",
+        tls_failure = kv.consul_tls.describe_failure(exc, settings.address, "reading /v1/status/leader")
+        yield fail("consul.reachable", tls_failure or f"no answer from {leader_url}: {type(exc).__name__}",
                    "check consul.address (or CONSUL_HTTP_ADDR, CONSUL_CACERT for https) and that "
                    "Consul is up and reachable from this host")
         return
@@ -256,7 +266,8 @@ def consul_checks(settings: Any) -> Iterator[Check]:
     else:
         yield warn("consul.clock_skew", "Consul sent no Date header", "compare the clocks by hand (`date -u`)")
 
-    yield from acl_checks(settings)
+    if write:
+        yield from acl_checks(settings)
 
 
 def acl_checks(settings: Any) -> Iterator[Check]:
@@ -318,6 +329,62 @@ def agents_checks(urls: list[str], timeout_s: float) -> Iterator[Check]:
                    "start the agents, or fix agents.static in the controller config")
 
 
+def agents_transport_check(agents: Any) -> Check:
+    """Plain HTTP from an address off this host: anyone on the path can rewrite an agent's
+    answer, and the quorum would count it as that node's."""
+    if agents.tls is not None:
+        return ok("agents.transport", f"mutual TLS; an answer must come with the SAN {agents.identity!r}")
+    if agents.source != "direct":
+        return ok("agents.transport", "agents are read through Prometheus")
+    remote = [u for u in agents.static if u.startswith("http://") and not _loopback_url(u)]
+    if agents.discover == "consul":
+        remote.append(f"the catalog's {agents.service!r} instances")
+    if not remote:
+        return ok("agents.transport", "plain HTTP, to loopback agents only")
+    return warn("agents.transport", f"pulls plain HTTP from non-loopback agents ({remote[0]}"
+                f"{f' and {len(remote) - 1} more' if len(remote) > 1 else ''}): a host on the path can rewrite "
+                "their answers, and nothing proves which node answered",
+                "give the agents [agent.tls] and the controller [agents.tls] and agents.identity "
+                "(docs/operations.md, \"Mutual TLS\")")
+
+
+def _loopback_url(url: str) -> bool:
+    import ipaddress
+    import urllib.parse
+
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def agents_tls_checks(agents: Any, timeout_s: float) -> Iterator[Check]:
+    """The controller's certificate loads, and each static agent answers /healthz over
+    mutual TLS with the controller's own context."""
+    import urllib.request
+
+    from azprobe.security.tls import identity_client_context
+
+    try:
+        context = identity_client_context(agents.tls, "agents.tls")
+    except ConfigError as exc:
+        yield fail("agents.tls", str(exc), "fix the file it names")
+        return
+    yield ok("agents.tls", f"client certificate {agents.tls.cert_file} and CA {agents.tls.ca_file} load")
+    results = []
+    for url in agents.static:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=timeout_s, context=context) as response:  # noqa: S310
+                results.append(ok(f"agent {url}", f"/healthz answered {response.status} over mutual TLS"))
+        except (OSError, ValueError) as exc:
+            results.append(warn(f"agent {url}", f"no answer over mutual TLS: {printable(str(exc), 200)}",
+                                "check the agent's [agent.tls] (its ca_file must have signed agents.tls.cert_file)"))
+    yield from results
+    if results and all(r.status != OK for r in results):
+        yield fail("agents", f"none of the {len(results)} agents answered", "start the agents, or fix agents.static")
+
+
 def controller_checks(config_path: str | None) -> Iterator[Check]:
     from azprobe.clients.consul import ConsulSettings
 
@@ -327,7 +394,10 @@ def controller_checks(config_path: str | None) -> Iterator[Check]:
         config = load_config(config_path)  # ConfigError -> exit 2
         yield ok("config", f"{config_path} is valid")
         yield from consul_checks(config.consul)
-        if config.agents.static:
+        yield agents_transport_check(config.agents)
+        if config.agents.tls is not None:
+            yield from agents_tls_checks(config.agents, max(config.agents.pull_timeout_s, 2.0))
+        elif config.agents.static:
             yield from agents_checks(list(config.agents.static), max(config.agents.pull_timeout_s, 2.0))
         else:
             yield warn("agents", f"discovered through the Consul catalog ({config.agents.service})",
@@ -337,8 +407,123 @@ def controller_checks(config_path: str | None) -> Iterator[Check]:
     yield warn("agents", "not checked: no --config", "pass --config /etc/azprobe/controller.toml")
 
 
+def xds_checks(config_path: str | None) -> Iterator[Check]:
+    """The xDS server's needs: its config, grpcio and the protos, the listen address,
+    Consul readable (the weights views, the catalog services). Read-only: the server
+    never writes to Consul."""
+    if not config_path:
+        yield fail("config", "no --config", "pass --config /etc/azprobe/xds.toml")
+        return
+    from azprobe.clients import consul as kv
+    from azprobe.contracts import kv as keys
+    from azprobe.consumers.xds.config import UNIX_PREFIX, load_xds_config
+
+    settings = load_xds_config(config_path)  # ConfigError -> exit 2
+    yield ok("config", f"{config_path} is valid: {len(settings.services)} service(s), "
+                       f"views global{''.join(', ' + z for z in settings.views)}")
+    try:
+        importlib.import_module("grpc")
+        importlib.import_module("envoy.service.discovery.v3.ads_pb2_grpc")
+        yield ok("grpc", "grpcio and the Envoy v3 protos (xds-protos) import")
+    except ImportError as exc:
+        yield fail("grpc", f"cannot import {exc.name}", "reinstall azprobe (it depends on grpcio and xds-protos)")
+    yield from _xds_listen_check(settings.listen, UNIX_PREFIX)
+    yield from _xds_tls_check(settings.tls)
+    consul = list(consul_checks(settings.consul, write=False))
+    yield from consul
+    if any(c.failed for c in consul):
+        return
+    yield from _xds_consul_reads(settings)
+
+
+def _xds_tls_check(files: Any) -> Iterator[Check]:
+    """[xds.tls] loads as the server will load it (the same builder, the same checks)."""
+    if files is None:
+        yield ok("xds.tls", "off: plaintext gRPC")
+        return
+    from azprobe.security.tls import server_pem
+
+    try:
+        server_pem(files, "xds.tls")
+    except ConfigError as exc:
+        yield fail(exc.field, exc.problem, exc.fix or "fix the file")
+        return
+    yield ok("xds.tls", "certificate and key load" + (", client certificates required (mTLS)" if files.ca_file else ""))
+
+
+def _xds_listen_check(listen: str, unix_prefix: str) -> Iterator[Check]:
+    """The xDS listen address can be taken: a unix socket's directory, or a free port."""
+    if listen.startswith(unix_prefix):
+        directory = Path(listen[len(unix_prefix):]).parent
+        if directory.is_dir() and os.access(directory, os.W_OK | os.X_OK):
+            yield ok("xds.listen", f"can create the socket in {directory}")
+        else:
+            yield fail("xds.listen", f"cannot create a socket in {directory}",
+                       "create the directory, writable by the service (RuntimeDirectory= in the unit)")
+    else:
+        host, _, port = listen.rpartition(":")
+        yield bind_check("xds.listen", host.strip("[]"), int(port))
+
+
+def bind_check(field: str, host: str, port: int) -> Check:
+    """A daemon's TCP listen address is free to bind (port 0: any port is)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return fail(field, f"cannot bind {shown}: {exc.strerror}", f"stop what holds it, or change {field}")
+    return ok(field, f"{shown} is free")
+
+
+def _xds_consul_reads(settings: Any) -> Iterator[Check]:
+    """Each weights view and each catalog service the xDS server reads, read once."""
+    from azprobe.clients import consul as kv
+    from azprobe.contracts import kv as keys
+
+    client = kv.make_client(settings.consul)
+    for view in (None, *settings.views):
+        key = settings.consul.key(keys.weights_name(view))
+        try:
+            state = kv.read_key(client, key)
+        except kv.ConsulError as exc:
+            yield fail(f"weights {view or 'global'}", f"cannot read {key}: {exc}",
+                       f'give the token key_prefix "{settings.consul.prefix}" {{ policy = "read" }}')
+            continue
+        if state.value is None:
+            yield warn(f"weights {view or 'global'}", f"{key} is absent: this view serves "
+                       + ("equal weights" if view is None else "the global document"),
+                       "start the controllers (or check consul.prefix)")
+        else:
+            yield ok(f"weights {view or 'global'}", f"{key} is present")
+    for service in settings.services:
+        if service.consul_service is None:
+            yield ok(f"service {service.name}", f"{sum(map(len, service.static.values()))} static endpoints")
+            continue
+        try:
+            found = kv.read_service(client, service.consul_service)
+        except kv.ConsulError as exc:
+            yield fail(f"service {service.name}", str(exc), 'give the token service_prefix "" { policy = "read" } '
+                                                            'and node_prefix "" { policy = "read" }')
+            continue
+        if not found.instances:
+            yield warn(f"service {service.name}", f"no passing instance of {service.consul_service!r}",
+                       "register the service, or check its health checks")
+        else:
+            yield ok(f"service {service.name}", f"{len(found.instances)} passing instance(s)")
+
+
+
 def run_checks(role: Role, config_path: str | None) -> list[Check]:
     checks: list[Check] = []
+    if role is Role.XDS:
+        return list(xds_checks(config_path))
+    if role is Role.EXTENDER:
+        from azprobe.commands.doctor_extender import extender_checks
+
+        return list(extender_checks(config_path))
     if role is Role.AGENT:
         collector = "auto"
         if config_path:
@@ -380,10 +565,12 @@ def report_json(role: Role, checks: list[Check]) -> dict[str, Any]:
 @click.option("--role", type=click.Choice([r.value for r in Role]), default=Role.AGENT.value,
               show_default=True, help="Which daemon this host will run.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="The daemon's config file (/etc/azprobe/agent.toml or controller.toml).")
+              help="The daemon's config file (/etc/azprobe/agent.toml, controller.toml, xds.toml or "
+                   "scheduler-extender.toml).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: role, ok, checks.")
 def doctor_command(role: str, config_path: str | None, as_json: bool) -> int:
-    """Preflight checks for the agent or controller; each problem comes with its fix."""
+    """Preflight checks for the agent, controller, xDS server or scheduler extender; each problem
+    comes with its fix."""
     chosen = Role(role)
     checks = run_checks(chosen, config_path)
     if as_json:

@@ -5,18 +5,8 @@ file (path-based `eds_cluster_config.eds_config.path_config_source`) and picks u
 rename. Locality weights only act when the cluster sets
 `common_lb_config.locality_weighted_lb_config: {}`.
 
-Weight policy (Envoy rejects a whole update if any locality weight is 0, so none is):
-- fresh document: each AZ gets its `share` (an integer >= 1 by contract);
-- an AZ with endpoints but absent from the document gets the smallest share of the
-  document: no evidence against it, so not drained, but not favoured over zones that
-  earned their share either;
-- no usable document (expired, or the key absent): every AZ gets weight 1 (equal
-  spread), the design's fallback, never "everything down".
-AZs in the document without endpoints are skipped: there is nothing to route to.
-
-Drained zones (azprobe.consumers.failover) go to Envoy priority 1, the others stay at
-priority 0: a drained zone gets no requests while priority 0 is healthy, and gets them
-back by Envoy's own health accounting if priority 0 fails (docs/dataplane.md).
+Localities, weights and priorities come from azprobe.consumers.localities, the rendering
+the xDS server shares; this module only encodes it as Envoy's JSON.
 
 `version_info` is a digest of the rendered resources, so a new generation with the same
 weights renders the same bytes and the file is not rewritten (Envoy re-applies nothing).
@@ -33,18 +23,22 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from azprobe.consumers.consul_options import consul_tls_options
 from azprobe.config import MAX_FILE_BYTES, parse_toml, read_file
 from azprobe.clients.consul import ConsulSettings, make_client, read_key
-from azprobe.consumers.failover import FAILOVER_PRIORITY, failover_zones
+from azprobe.consumers.failover import failover_zones
+from azprobe.consumers.localities import NoEndpoints, plan_localities, sick_addresses
 from azprobe.errors import AzprobeError, ConfigError
-from azprobe.contracts import bounded_json
+from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
+from azprobe.security import reloadable
+from azprobe.contracts.weights_hosts import parse_hosts
 
 CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 EQUAL_VERSION = "equal"
@@ -112,44 +106,41 @@ def load_endpoints(path: str | Path) -> Endpoints:
 
 # --- rendering ----------------------------------------------------------------------
 
-def locality_weights(zones: list[str], weights: WeightsDoc | None) -> dict[str, int]:
-    """The weight policy of the module doc; every value is an int >= 1."""
-    if weights is None:
-        return {az: 1 for az in zones}
-    floor = max(1, min(z.share for z in weights.zones.values()))
-    return {az: max(1, weights.zones[az].share) if az in weights.zones else floor for az in zones}
-
-
 def render_cluster_load_assignment(cluster: str, endpoints: Mapping[str, list[str] | list[tuple[str, int]]],
-                                   weights: WeightsDoc | None) -> dict[str, Any]:
+                                   weights: WeightsDoc | None,
+                                   sick: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """An Envoy v3 DiscoveryResponse holding one ClusterLoadAssignment. `weights` None
-    (no usable document) means equal weights; version_info is a digest of the content."""
+    (no usable document) means equal weights; `sick`: zone -> sick host addresses, worst
+    first (localities.sick_addresses); version_info is a digest of the content."""
     if not cluster:
         raise ConfigError("--cluster", "must not be empty", "pass the EDS cluster's service_name")
     parsed: Endpoints = {
         az: [h if isinstance(h, tuple) else parse_endpoint(h, f"endpoints: {az}") for h in hosts]
         for az, hosts in endpoints.items()
     }
-    zones = sorted(az for az, hosts in parsed.items() if hosts)
-    if not zones:
-        raise ConfigError("endpoints", "no AZ has endpoints")
-    weight_of = locality_weights(zones, weights)
-    failover = failover_zones(weights, zones)
+    try:
+        plan = plan_localities(parsed, weights, sick)
+    except NoEndpoints:
+        raise ConfigError("endpoints", "no AZ has endpoints") from None
     localities = []
-    for az in zones:
+    for loc in plan:
         locality: dict[str, Any] = {
-            "locality": {"zone": az},
-            "load_balancing_weight": weight_of[az],
-            "lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
-                for host, port in parsed[az]
-            ],
+            "locality": {"zone": loc.zone},
+            "load_balancing_weight": loc.weight,
+            "lb_endpoints": [_lb_endpoint(host, port, (host, port) in loc.degraded) for host, port in loc.endpoints],
         }
-        if az in failover:
-            locality["priority"] = FAILOVER_PRIORITY
+        if loc.priority:
+            locality["priority"] = loc.priority
         localities.append(locality)
     resources = [{"@type": CLA_TYPE, "cluster_name": cluster, "endpoints": localities}]
     return {"version_info": content_version(resources, equal=weights is None), "resources": resources}
+
+
+def _lb_endpoint(host: str, port: int, degraded: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+    if degraded:  # a named sick host: used only when the zone's healthy endpoints are not enough
+        out["health_status"] = "DEGRADED"
+    return out
 
 
 def content_version(resources: list[dict[str, Any]], *, equal: bool) -> str:
@@ -159,8 +150,9 @@ def content_version(resources: list[dict[str, Any]], *, equal: bool) -> str:
     return f"{EQUAL_VERSION}-{digest}" if equal else digest
 
 
-def render_bytes(cluster: str, endpoints: Endpoints, weights: WeightsDoc | None) -> bytes:
-    doc = render_cluster_load_assignment(cluster, endpoints, weights)
+def render_bytes(cluster: str, endpoints: Endpoints, weights: WeightsDoc | None,
+                 sick: Mapping[str, Sequence[str]] | None = None) -> bytes:
+    doc = render_cluster_load_assignment(cluster, endpoints, weights, sick)
     return (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode("utf-8")
 
 
@@ -203,6 +195,9 @@ class EdsWriter:
         self.endpoints = endpoints
         self.out = out
         self.writes = 0
+        self.weights: WeightsDoc | None = None  # what the last render in this process was of
+        self.sick: Mapping[str, Sequence[str]] = {}
+        self.rendered = False
         try:
             self._last: bytes | None = out.read_bytes()
         except OSError:
@@ -212,8 +207,9 @@ class EdsWriter:
     def has_file(self) -> bool:
         return self._last is not None
 
-    def write(self, weights: WeightsDoc | None) -> bool:
-        data = render_bytes(self.cluster, self.endpoints, weights)
+    def write(self, weights: WeightsDoc | None, sick: Mapping[str, Sequence[str]] | None = None) -> bool:
+        data = render_bytes(self.cluster, self.endpoints, weights, sick)
+        self.weights, self.sick, self.rendered = weights, sick or {}, True
         if data == self._last:
             return False
         atomic_write(self.out, data)
@@ -241,6 +237,21 @@ def _read_weights_once(settings: ConsulSettings, key: str) -> WeightsDoc | None:
     return doc
 
 
+def _read_sick_once(settings: ConsulSettings, source_az: str | None) -> dict[str, list[str]]:
+    """The sick hosts to demote; none when the document is absent, invalid or stale (a
+    demotion is advice: without it the zone's endpoints are all used, as before)."""
+    state = read_key(make_client(settings), settings.key(kv.HOSTS))
+    if state.value is None:
+        return {}
+    now = time.time()
+    try:
+        doc = parse_hosts(state.value, now=now)
+    except WeightsError as exc:
+        click.echo(f"azprobe: the sick-hosts document is invalid ({exc}); demoting no host", err=True)
+        return {}
+    return {} if doc.is_stale(now) else sick_addresses(doc, source_az)
+
+
 def watch_decision(fresh: WeightsDoc | None, watcher_state: str, key_absent: bool,
                    have_file: bool) -> tuple[bool, WeightsDoc | None]:
     """(write?, weights) for the watch loop. Equal weights only when Consul itself says
@@ -255,14 +266,18 @@ def watch_decision(fresh: WeightsDoc | None, watcher_state: str, key_absent: boo
     return False, None
 
 
-def _watch_loop(settings: ConsulSettings, key_name: str, writer: EdsWriter) -> None:
+def _watch_loop(settings: ConsulSettings, key_name: str, writer: EdsWriter, source_az: str | None) -> None:
     from azprobe.consumers.watch import WeightWatcher  # only the watch mode needs a thread
 
     wake = threading.Event()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: (stop.set(), wake.set()))
+    reloadable.reload_on_sighup()  # rotated TLS and token files, at once
     watcher = WeightWatcher(settings, key_name, on_change=lambda _doc: wake.set())
+    hosts = WeightWatcher(settings, kv.HOSTS, on_change=lambda _doc: wake.set(), parse=parse_hosts,
+                          absent_is_normal=True)
     watcher.start()
+    hosts.start()
     try:
         # Wait for Consul's first answer, but a SIGTERM must not wait for it.
         deadline = time.monotonic() + 5.0
@@ -272,7 +287,9 @@ def _watch_loop(settings: ConsulSettings, key_name: str, writer: EdsWriter) -> N
             status = watcher.status()
             write, weights = watch_decision(watcher.snapshot(), status.state, status.key_absent,
                                             writer.has_file)
-            if write and writer.write(weights):
+            sick = sick_addresses(hosts.snapshot(), source_az)  # type: ignore[arg-type]
+            # A change of the sick hosts alone re-renders the weights this process last wrote.
+            if (write or writer.rendered) and writer.write(weights if write else writer.weights, sick):
                 click.echo(f"azprobe: wrote {writer.out} ({_describe(weights, writer)})", err=True)
             # Wake on a change, or every second to notice expiry.
             wake.wait(1.0)
@@ -281,6 +298,7 @@ def _watch_loop(settings: ConsulSettings, key_name: str, writer: EdsWriter) -> N
         pass
     finally:
         watcher.stop()
+        hosts.stop()
 
 
 @click.command("envoy-eds")
@@ -293,12 +311,13 @@ def _watch_loop(settings: ConsulSettings, key_name: str, writer: EdsWriter) -> N
 @click.option("--prefix", default=None, metavar="P", help="KV prefix (default azprobe/v1/).")
 @click.option("--from", "source_az", metavar="AZ", default=None,
               help="Use weights/from/AZ (the view of the AZ this Envoy runs in).")
+@consul_tls_options
 def envoy_eds_command(cluster: str, endpoints_path: str, out: str, watch: bool, address: str | None,
-                      prefix: str | None, source_az: str | None) -> None:
+                      prefix: str | None, source_az: str | None, **tls: str | None) -> None:
     """Render Envoy file-EDS (ClusterLoadAssignment) with locality weights from Consul."""
     from azprobe.consumers.weights_cli import weights_key_name
 
-    settings = ConsulSettings.from_env(address=address, prefix=prefix)
+    settings = ConsulSettings.from_env(address=address, prefix=prefix, **tls)
     endpoints = load_endpoints(endpoints_path)
     if not cluster.strip():
         raise ConfigError("--cluster", "must not be empty", "pass the EDS cluster's service_name")
@@ -308,18 +327,21 @@ def envoy_eds_command(cluster: str, endpoints_path: str, out: str, watch: bool, 
     writer = EdsWriter(cluster, endpoints, out_path)
     key_name = weights_key_name(source_az)
     if watch:
-        _watch_loop(settings, key_name, writer)
+        _watch_loop(settings, key_name, writer, source_az)
         return
     doc = _read_weights_once(settings, settings.key(key_name))
-    verb = "wrote" if writer.write(doc) else "unchanged"
+    verb = "wrote" if writer.write(doc, _read_sick_once(settings, source_az)) else "unchanged"
     click.echo(f"azprobe: {verb} {out_path} ({_describe(doc, writer)})", err=True)
 
 
 def _describe(weights: WeightsDoc | None, writer: EdsWriter) -> str:
+    plan = plan_localities(writer.endpoints, weights, writer.sick)
+    degraded = sorted(f"{host}:{port}" for loc in plan for host, port in loc.degraded)
+    hosts = f"; degraded: {', '.join(degraded)}" if degraded else ""
     if weights is None:
-        return "equal weights"
+        return "equal weights" + hosts
     drained = sorted(failover_zones(weights, writer.endpoints))
-    return f"generation {weights.generation}" + (f"; failover only: {', '.join(drained)}" if drained else "")
+    return f"generation {weights.generation}" + (f"; failover only: {', '.join(drained)}" if drained else "") + hosts
 
 
 if __name__ == "__main__":  # pragma: no cover

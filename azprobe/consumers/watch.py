@@ -19,6 +19,9 @@ Until then, errors never clear the snapshot: Consul down, a 403, a deleted key o
 rejected document all keep the last-known-good document (the incident this project
 exists for was a reader that turned missing data into "every zone is down").
 
+`parse=parse_hosts` watches the sick-hosts document (azprobe.contracts.weights_hosts)
+the same way: it is ordered, aged and refused from the future by the same rules.
+
 Which document wins is the contract's `is_newer` (azprobe/contracts/weights.py): by
 generation within one leader term, by generated_at across terms. A document dated more
 than MAX_CLOCK_SKEW_S ahead of this watcher's clock is rejected (counted, one log line),
@@ -67,8 +70,12 @@ class WeightWatcher:
                  on_change: Callable[[WeightsDoc], None] | None = None, *,
                  wait_s: float = 30.0, min_interval_s: float = 0.1,
                  backoff_base_s: float = 0.2, backoff_cap_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 parse: Callable[..., WeightsDoc] = parse_weights, absent_is_normal: bool = False) -> None:
         self.settings = settings
+        self._parse = parse
+        # the sick-hosts key is absent while no host is named: no warning for that
+        self._absent_log = log.debug if absent_is_normal else log.warning
         self.key = settings.key(key)
         self.on_change = on_change
         self._clock = clock
@@ -167,11 +174,11 @@ class WeightWatcher:
         if state.value is None:
             with self._lock:
                 self._last_error = f"key {self.key} does not exist"
-            log.warning("weights key %s is absent (keeping last-known-good)", self.key)
+            self._absent_log("weights key %s is absent (keeping last-known-good)", self.key)
             return
         now = self._clock()
         try:
-            doc = parse_weights(state.value, now=now)
+            doc = self._parse(state.value, now=now)
         except WeightsError as exc:
             with self._lock:
                 self._rejected += 1

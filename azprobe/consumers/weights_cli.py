@@ -3,6 +3,10 @@
 Exit status: 0 fresh weights shown; 1 weights missing, stale, invalid, or Consul
 unreachable; 2 bad usage. Stale data is labelled STALE in the header and in every row,
 never shown as healthy.
+
+Below the weights, the view's sick hosts from the sick-hosts document (`<prefix>hosts`,
+azprobe.contracts.weights_hosts). The host list is advice beside the weights: a missing,
+invalid or unreadable one is reported in one line and never changes the exit status.
 """
 
 from __future__ import annotations
@@ -13,13 +17,19 @@ import sys
 import threading
 import time
 
+from dataclasses import dataclass
+from typing import Any
+
 import click
 
+from azprobe.consumers.consul_options import consul_tls_options
 from azprobe.clients.consul import ConsulError, ConsulSettings, KeyState, KeyWatch, make_client, read_key
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts import kv
 from azprobe.contracts.weights import MAX_STRING, WeightsDoc, WeightsError, parse_weights
+from azprobe.contracts.weights_hosts import ZoneSick, parse_hosts
 from azprobe.contracts.window import printable
+from azprobe.security import reloadable
 
 COLUMNS = ("AZ", "SHARE", "WEIGHT", "HEALTH", "SUCCESS", "P95 ms", "UTIL", "STATE", "REASONS")
 REASONS_WIDTH = 60
@@ -93,6 +103,68 @@ def failover_note(doc: WeightsDoc, stale: bool) -> str:
             f"are healthy; Envoy's split: {split}")
 
 
+@dataclass(frozen=True)
+class HostList:
+    """The view's sick hosts as `azprobe weights` shows them, or why it cannot."""
+
+    status: str  # fresh, stale, absent, invalid, unreadable
+    key: str
+    sick: ZoneSick | None = None  # None unless fresh or stale
+    note: str = ""  # why the list is unavailable, or how stale it is
+
+
+def load_host_list(settings: ConsulSettings, source_az: str | None, now: float) -> HostList:
+    """The sick-hosts document's view for `source_az` (the global one without it); never raises."""
+    key = settings.key(kv.HOSTS)
+    try:
+        state = read_key(make_client(settings), key)
+    except ConsulError as exc:
+        return HostList("unreadable", key, note=f"reading {key} failed: {printable(str(exc), 200)}")
+    if state.value is None:
+        return HostList("absent", key, note=f"no sick-hosts document at {key} (the controller writes one once it "
+                                            "names a host)")
+    try:
+        doc = parse_hosts(state.value, now=now)
+    except WeightsError as exc:
+        return HostList("invalid", key, note=f"the sick-hosts document at {key} is invalid: {printable(str(exc), 200)}")
+    if doc.is_stale(now):
+        return HostList("stale", key, doc.sick(source_az), f"expired {_duration(now - doc.expires_at)} ago: readers "
+                                                           "do not demote these hosts")
+    return HostList("fresh", key, doc.sick(source_az))
+
+
+def render_hosts(hosts: HostList) -> str:
+    """The lines under the table: one per sick host (zone, address, first reason)."""
+    if hosts.sick is None:
+        return f"host list unavailable: {hosts.note}"
+    named = [(az, h) for az, entries in sorted(hosts.sick.items()) for h in entries]
+    if hosts.status == "stale":
+        head = f"sick hosts at {hosts.key}: STALE, {hosts.note}"
+    elif not named:
+        return f"sick hosts: none named ({hosts.key})"
+    else:
+        head = f"sick hosts (demoted: Envoy DEGRADED) at {hosts.key}:"
+    rows = [(printable(az, MAX_STRING), printable(h.addr, MAX_STRING),
+             printable(h.reasons[0], MAX_STRING) if h.reasons else "-") for az, h in named]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in (0, 1)]
+    lines = [head]
+    for az, addr, why in rows:
+        if len(why) > REASONS_WIDTH:
+            why = why[:REASONS_WIDTH - 3] + "..."
+        lines.append(f"  {az.ljust(widths[0])}  {addr.ljust(widths[1])}  {why}")
+    return "\n".join(lines)
+
+
+def hosts_json(hosts: HostList) -> dict[str, Any]:
+    """`sick_hosts` (AZ -> [{addr, reasons}], null when unavailable) and its status, KV text escaped."""
+    sick = None if hosts.sick is None else {
+        printable(az, MAX_STRING): [{"addr": printable(h.addr, MAX_STRING),
+                                     "reasons": [printable(r, MAX_STRING) for r in h.reasons]} for h in entries]
+        for az, entries in hosts.sick.items()}
+    return {"sick_hosts": sick, "sick_hosts_status": hosts.status, **({"sick_hosts_note": hosts.note}
+                                                                      if hosts.note else {})}
+
+
 def decode_or_explain(state: KeyState, key: str, address: str, now: float) -> WeightsDoc:
     if state.value is None:
         raise AzprobeError(f"no weights at {key} in Consul at {address} "
@@ -104,7 +176,9 @@ def decode_or_explain(state: KeyState, key: str, address: str, now: float) -> We
 
 
 def _watch(settings: ConsulSettings, key: str, as_json: bool) -> None:
-    """Re-render on every change; on a TTY also once a second so age and staleness move."""
+    """Re-render on every change; on a TTY also once a second so age and staleness move.
+    SIGHUP re-reads the rotated TLS and token files."""
+    reloadable.reload_on_sighup()
     updates: queue.Queue[KeyState | ConsulError] = queue.Queue()
     stop = threading.Event()
     watch = KeyWatch(make_client(settings), key, wait_s=30.0)
@@ -158,17 +232,19 @@ def _stale_changed(before: str | None, after: str) -> bool:
 @click.command("weights")
 @click.option("--consul", "address", metavar="URL", help="Consul address (default: $CONSUL_HTTP_ADDR or http://127.0.0.1:8500).")
 @click.option("--prefix", default=None, metavar="P", help="KV prefix (default azprobe/v1/).")
-@click.option("--json", "as_json", is_flag=True, help="Print the validated document as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the validated document as JSON, with the view's "
+              "sick_hosts and sick_hosts_status.")
 @click.option("--watch", is_flag=True, help="Re-render on every change (blocking queries); Ctrl-C exits.")
 @click.option("--from", "source_az", metavar="AZ", default=None, help="Show weights as seen from AZ (weights/from/AZ).")
+@consul_tls_options
 @click.pass_context
 def weights_command(ctx: click.Context, address: str | None, prefix: str | None, as_json: bool,
-                    watch: bool, source_az: str | None) -> None:
+                    watch: bool, source_az: str | None, **tls: str | None) -> None:
     """Show the weights in Consul KV: share, weight, health and state per AZ.
 
     Exit status: 0 fresh; 1 missing, stale, invalid or Consul unreachable; 2 bad usage.
     """
-    settings = ConsulSettings.from_env(address=address, prefix=prefix)
+    settings = ConsulSettings.from_env(address=address, prefix=prefix, **tls)
     key = settings.key(weights_key_name(source_az))
     if watch:
         _watch(settings, key, as_json)
@@ -176,11 +252,12 @@ def weights_command(ctx: click.Context, address: str | None, prefix: str | None,
     state = read_key(make_client(settings), key)
     now = time.time()
     doc = decode_or_explain(state, key, settings.address, now)
+    hosts = load_host_list(settings, source_az, now)
     if as_json:
-        click.echo(json.dumps(doc.to_json(), indent=2, sort_keys=True))
+        click.echo(json.dumps({**doc.to_json(), **hosts_json(hosts)}, indent=2, sort_keys=True))
         if doc.is_stale(now):
             click.echo(f"azprobe: weights at {key} are STALE: expired {_duration(now - doc.expires_at)} ago", err=True)
     else:
-        click.echo(render_table(doc, key, now))
+        click.echo(render_table(doc, key, now) + "\n" + render_hosts(hosts))
     if doc.is_stale(now):
         ctx.exit(1)

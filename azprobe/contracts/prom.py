@@ -127,6 +127,9 @@ _AGENT_SCALAR_HELP = {
                   "reading the probe)",
     "untracked_connects_total": "Connects whose outcome the BPF probe could not track (their set of in-flight "
                                 "slots was full); their attempts still count",
+    "hosts_dropped_total": "Per-destination-host summaries the BPF probe could not keep because its host table "
+                           "([agent] max_hosts) was full: connects to a host left out, and readings of samples of "
+                           "such a host",
     "topology_prefixes": "Address prefixes in the agent's topology (all AZs)",
     "rtt_sample_ticks": "The BPF probe takes RTT samples during one kernel tick in this many (0: the sock_diag "
                         "collector)",
@@ -137,7 +140,9 @@ NODE_SCALARS = {"lost_events_total": LOST}
 HTTP_CONNECTIONS = Family("azprobe_http_connections", GAUGE, "Connections open to the agent's HTTP server now")
 HTTP_CLOSED = Family("azprobe_http_connections_closed", COUNTER, "Connections the agent's HTTP server closed: "
                      "evicted for a newer one when its cap was reached, timeout at a whole-request or idle "
-                     "deadline, refused when it could not take them", ("reason",))
+                     "deadline, refused when it could not take them, tls when its TLS handshake failed or the client's "
+                     "certificate lacks agent.tls.client_identity, rotated when its TLS material was "
+                     "replaced", ("reason",))
 HTTP_BUSY = Family("azprobe_http_busy", COUNTER, "Requests the agent answered 503 because every slot of their pool "
                    "was taken", ("pool",))
 
@@ -179,11 +184,72 @@ GENERATION = Family("azprobe_controller_generation", GAUGE, "Generation of the l
                     "controller wrote")
 LAST_WRITE = Family("azprobe_controller_last_write_timestamp_seconds", GAUGE, "Unix time (generated_at) of the "
                     "last weights document this controller wrote")
+SICK_HOSTS = Family("azprobe_controller_sick_hosts", GAUGE, "Hosts of the destination AZ this controller's "
+                    "global decision names sick (after operator pins): the data plane demotes them", (LABEL_AZ,))
+PINNED_HOSTS = Family("azprobe_controller_pinned_hosts", GAUGE, "Operator host pins (control/host/<addr>) in force: "
+                      "hosts the controller never names")
+HOST_NAMING_OFF = Family("azprobe_controller_host_naming_off", GAUGE, "1 while control/hosts-off is in force (no "
+                         "host named, zones judged without host evidence), else 0")
+CONTROL_KEYS_IGNORED = Family("azprobe_controller_control_keys_ignored", GAUGE, "Keys under control/ the last read "
+                              "ignored (a bad value, an unknown name, a bound exceeded): the log says why")
 SPIKE = Family("azprobe_detector_spike", GAUGE, "1 while the failures towards the AZ in the current detector "
                "bucket are a spike, else 0", (LABEL_AZ,))
 SPIKE_LAMBDA = Family("azprobe_detector_lambda", GAUGE, "Mean failures per detector bucket towards the AZ over "
                       "the detector's window (the Poisson baseline a spike is judged against)", (LABEL_AZ,))
 SPIKES = Family("azprobe_detector_spikes", COUNTER, "Failure spikes towards the AZ that started", (LABEL_AZ,))
+
+# `azprobe xds`, the xDS management server.
+LABEL_VIEW = "view"  # the weights document a stream gets: "global" or the client's zone
+LABEL_TYPE = "type"  # an xDS resource type, short: Listener, RouteConfiguration, Cluster, ClusterLoadAssignment
+LABEL_REASON = "reason"
+LABEL_SERVICE = "service"
+XDS_STREAMS = Family("azprobe_xds_streams", GAUGE, "xDS streams open now, by kind (ads-sotw, ads-delta, eds-sotw, "
+                     "eds-delta) and by the view they get", (LABEL_KIND, LABEL_VIEW))
+XDS_PUSHES = Family("azprobe_xds_pushes", COUNTER, "xDS responses sent, by resource type", (LABEL_TYPE,))
+XDS_NACKS = Family("azprobe_xds_nacks", COUNTER, "xDS responses a client rejected (its error_detail is logged); the "
+                   "same version is not sent to that stream again", (LABEL_TYPE,))
+XDS_REFUSED = Family("azprobe_xds_refused_streams", COUNTER, "xDS streams closed with an error status, by reason "
+                     "(streams, per_client, protocol, first_request_timeout, idle, draining)", (LABEL_REASON,))
+XDS_PUSH_DELAY = Family("azprobe_xds_push_seconds", HISTOGRAM, "Time from this server reading a weights or "
+                        "endpoints change from Consul to a stream's write of it")
+XDS_UNZONED = Family("azprobe_xds_endpoints_outside_topology", GAUGE, "Catalog instances of the service whose "
+                     "address is in no AZ of [topology]: left out of the assignment", (LABEL_SERVICE,))
+XDS_ENDPOINTS = Family("azprobe_xds_endpoints", GAUGE, "Endpoints of the service in the assignment being served",
+                       (LABEL_SERVICE,))
+XDS_WEIGHTS = Family("azprobe_xds_view_weights", GAUGE, "1 for the weights each view serves now: document (a "
+                     "fresh weights document) or equal (none usable: equal weights), 0 for the other",
+                     (LABEL_VIEW, LABEL_STATE))
+XDS_CONSUL_ERRORS = Family("azprobe_xds_consul_errors", COUNTER, "Failed Consul reads (weights or catalog); the "
+                           "last good state keeps being served")
+
+# ---- the scheduler extender (azprobe.consumers.scheduler) ----
+LABEL_VERB = "verb"
+EXTENDER_REQUESTS = Family("azprobe_extender_requests", COUNTER, "Extender requests answered, by verb (filter, "
+                           "prioritize) and HTTP status code", (LABEL_VERB, "code"))
+EXTENDER_NEUTRAL = Family("azprobe_extender_neutral_answers", COUNTER, "Extender answers that removed no node and "
+                          "gave every node the same score because the weights could not be used, by verb and "
+                          "reason (stale, absent, unreachable, rejected, waiting, would_leave_no_node)",
+                          (LABEL_VERB, LABEL_REASON))
+EXTENDER_WEIGHTS = Family("azprobe_extender_weights_state", GAUGE, "1 for the state of the weights the extender "
+                          "answers from, 0 for the others: fresh (its answers follow them), or why its answers are "
+                          "neutral (stale, absent, unreachable, rejected, waiting)", (LABEL_STATE,))
+EXTENDER_FILTERED = Family("azprobe_extender_filtered_nodes", COUNTER, "Nodes the extender's filter removed "
+                           "because their zone is failover only")
+EXTENDER_UNKNOWN_ZONE = Family("azprobe_extender_unknown_zone_nodes", COUNTER, "Nodes the extender could give no "
+                               "zone of the weights document (no zone label, no name mapping, or a zone outside "
+                               "the document): neutral score, never filtered")
+EXTENDER_SECONDS = Family("azprobe_extender_request_seconds", HISTOGRAM, "Wall time of one extender answer, from "
+                          "the whole body read to the answer encoded, by verb", (LABEL_VERB,))
+
+# ---- the controller's pulls over mutual TLS (controller/agent_identity.py) ----
+AGENT_IDENTITY_REFUSED = Family("azprobe_controller_agent_identity_refused", COUNTER, "Agent answers refused whole "
+                                "because the agent's certificate may not speak for the node the answer names, by "
+                                "reason (mismatch: another node's certificate; no_identity: no SAN of the "
+                                "agents.identity form; shared_certificate: a certificate another URL answers "
+                                "with; not_tls)", (LABEL_REASON,))
+AGENT_TLS_FAILURES = Family("azprobe_controller_agent_tls_failures", COUNTER, "Pulls whose TLS handshake with the "
+                            "agent failed, by reason (unknown_ca, expired, client_certificate_refused, not_tls, "
+                            "other)", (LABEL_REASON,))
 
 # The controller's totals (`ControllerMetrics.add_totals`), one rule: every int field `f`
 # of a counters dataclass registered under a prefix is counter `<prefix>_<f>` (exposition
@@ -226,6 +292,8 @@ _TOTALS_HELP: dict[str, dict[str, str]] = {
         "windows_unknown_az": "Agent windows dropped whole because their own AZ is not configured",
         "paths_foreign_src": "Window paths dropped because their source is not the window's own AZ",
         "paths_unknown_dst": "Window paths dropped because their destination is neither configured nor other",
+        "hosts_foreign": "Window host summaries dropped because their source is not the window's own AZ or their "
+                         "destination is not configured",
     },
 }
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from azprobe.contracts.weights import MAX_ZONES
-from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, name_problem, printable
+from azprobe.contracts.window import (MAX_AZ_NAME, MAX_HOSTS, MAX_NODE_NAME, HostStats, WindowError,
+                                      is_canonical_address, name_problem, parse_host, printable)
 
 
 class StatsError(ValueError):
@@ -133,11 +134,33 @@ class VantageStats:
     node: str
     az: str
     zones: dict[str, ZoneStats]
+    hosts: tuple[HostStats, ...] = ()  # optional: the node's per-address sums, as the window's hosts section
+
+
+def _hosts(doc: object, where: str, az: str) -> tuple[HostStats, ...]:
+    """A node's host summaries (the window contract's form); each (dst, addr) once, src its AZ."""
+    if not isinstance(doc, list) or len(doc) > MAX_HOSTS:
+        raise StatsError(where, f"expected a list of at most {MAX_HOSTS} host summaries")
+    out = []
+    for i, raw in enumerate(doc):
+        try:
+            host = parse_host(raw, f"{where}[{i}]")
+        except WindowError as exc:
+            raise StatsError(f"{where}[{i}]", str(exc)) from None
+        if not is_canonical_address(host.addr):
+            raise StatsError(f"{where}[{i}].addr", "expected an IPv4 or IPv6 address in canonical form")
+        if host.src != az:
+            raise StatsError(f"{where}[{i}].src", f"{host.src!r} is not the node's AZ {az!r}")
+        out.append(host)
+    if len({(h.dst, h.addr) for h in out}) != len(out):
+        raise StatsError(where, "a (dst, addr) host appears twice")
+    return tuple(out)
 
 
 def parse_nodes_document(doc: object) -> list[VantageStats]:
-    """``{"nodes": [{"node": N, "az": AZ, "zones": {az: {...}}}, ...]}`` -> one VantageStats
-    per node, in order; raises StatsError naming the field (e.g. nodes[3].zones.az-a.success)."""
+    """``{"nodes": [{"node": N, "az": AZ, "zones": {az: {...}}, "hosts": [...]}, ...]}`` -> one
+    VantageStats per node, in order (`hosts` optional); raises StatsError naming the field
+    (e.g. nodes[3].zones.az-a.success)."""
     if not isinstance(doc, Mapping):
         raise StatsError("stats", "expected a JSON object with a 'nodes' list")
     nodes = doc.get("nodes")
@@ -152,8 +175,8 @@ def parse_nodes_document(doc: object) -> list[VantageStats]:
         if not isinstance(entry, Mapping):
             raise StatsError(where, "expected an object {node, az, zones}")
         for key in entry:
-            if key not in ("node", "az", "zones"):
-                raise StatsError(f"{where}.{printable(key, 40)}", "unknown field (known: az, node, zones)")
+            if key not in ("node", "az", "zones", "hosts"):
+                raise StatsError(f"{where}.{printable(key, 40)}", "unknown field (known: az, hosts, node, zones)")
         node, az = entry.get("node"), entry.get("az")
         for key, value, limit in (("node", node, MAX_NODE_NAME), ("az", az, MAX_AZ_NAME)):
             problem = name_problem(value, limit)
@@ -163,5 +186,6 @@ def parse_nodes_document(doc: object) -> list[VantageStats]:
         if node in names:
             raise StatsError(f"{where}.node", f"{node!r} appears twice: every node counts once")
         names.add(node)
-        out.append(VantageStats(node, az, _zones(entry.get("zones", {}), f"{where}.zones")))
+        out.append(VantageStats(node, az, _zones(entry.get("zones", {}), f"{where}.zones"),
+                                _hosts(entry.get("hosts", []), f"{where}.hosts", az)))
     return out

@@ -184,8 +184,42 @@ class ZoneWeights:
                 "samples": self.samples, "state": self.state, "reasons": list(self.reasons)}
 
 
+class TermDocument:
+    """What the documents a leader writes each cycle share (the weights documents, the
+    sick-hosts document): `generation` within a `term`, `generated_at`, `expires_at`,
+    and a deterministic encoding. Subclasses are frozen dataclasses with those fields
+    and a `to_json`."""
+
+    generation: int
+    generated_at: float
+    expires_at: float
+    term: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def dumps(self) -> str:
+        """Compact, deterministic JSON (sorted keys): equal docs give equal bytes."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    def is_stale(self, now: float | None = None) -> bool:
+        """Past expires_at: a reader must not act on it any more."""
+        return (time.time() if now is None else now) >= self.expires_at
+
+    def age_s(self, now: float | None = None) -> float:
+        return (time.time() if now is None else now) - self.generated_at
+
+    def is_from_future(self, now: float | None = None) -> bool:
+        """Dated more than MAX_CLOCK_SKEW_S ahead of `now`: no reader keeps it."""
+        return self.generated_at > (time.time() if now is None else now) + MAX_CLOCK_SKEW_S
+
+    def same_term(self, other: "TermDocument") -> bool:
+        """Both written in one leader term, so their generations are comparable."""
+        return self.term is not None and self.term == other.term
+
+
 @dataclass(frozen=True)
-class WeightsDoc:
+class WeightsDoc(TermDocument):
     """One weights document. Immutable (zones is a read-only mapping), so a reader can
     share one instance between threads and swap it atomically."""
 
@@ -247,31 +281,13 @@ class WeightsDoc:
             doc["term"] = self.term
         return doc
 
-    def dumps(self) -> str:
-        """Compact, deterministic JSON (sorted keys): equal docs give equal bytes."""
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-    def is_stale(self, now: float | None = None) -> bool:
-        """Past expires_at: a reader must not act on these weights any more."""
-        return (time.time() if now is None else now) >= self.expires_at
-
-    def age_s(self, now: float | None = None) -> float:
-        return (time.time() if now is None else now) - self.generated_at
-
     def effective_state(self, now: float | None = None) -> str:
         """The overall state a reader should show: "stale" once expired."""
         return "stale" if self.is_stale(now) else self.state
 
-    def is_from_future(self, now: float | None = None) -> bool:
-        """Dated more than MAX_CLOCK_SKEW_S ahead of `now`: no reader keeps it."""
-        return self.generated_at > (time.time() if now is None else now) + MAX_CLOCK_SKEW_S
-
-    def same_term(self, other: "WeightsDoc") -> bool:
-        """Both written in one leader term, so their generations are comparable."""
-        return self.term is not None and self.term == other.term
 
 
-def is_newer(candidate: WeightsDoc, current: WeightsDoc | None, now: float) -> bool:
+def is_newer(candidate: TermDocument, current: TermDocument | None, now: float) -> bool:
     """Whether a reader holding `current` takes `candidate` (the module docstring's rule).
     Equal documents are a replay: not newer."""
     if candidate.is_from_future(now):

@@ -20,14 +20,20 @@ Everything in a window comes from the network, so everything is bounded here, on
 - histograms: scheme `loglin-16` (when named), every key one of its lower bounds up to
   its last (2^34 µs; readers merge by key, so any other key is garbage), counts within
   the count bound;
-- times: 0 <= start <= end <= 1e11, end - start <= MAX_WINDOW_S.
+- times: 0 <= start <= end <= 1e11, end - start <= MAX_WINDOW_S;
+- hosts (optional): at most MAX_HOSTS per-destination-address summaries, each (src, dst,
+  addr) once, addr a canonical IPv4 or IPv6 address (as Python's `ipaddress` prints it),
+  counts within the count bound, failures within connects plus MAX_CONNECT_CARRY, and
+  exactly HOST_RTT_BUCKETS RTT buckets.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from azprobe.contracts.sketch import (
     LAST_BUCKET,
@@ -63,6 +69,19 @@ MIN_INTERVAL_S = 0.1  # an agent's shortest interval (agent.interval_s): at most
 MAX_AZ_NAME = 63
 MAX_NODE_NAME = 253
 MAX_BOOT_ID = 128
+# Per destination host: at most this many summaries in one window (the agent's own table,
+# agent.max_hosts, is capped below it), so a window stays within the page's size.
+MAX_HOSTS = 4096
+# A host's RTT sketch: bucket i counts smoothed-RTT samples below HOST_RTT_FIRST_US * 4^i
+# (the last bucket: everything above). Factor 4 from 256 µs: < 256 µs, < 1 ms, < 4 ms,
+# < 16 ms, < 65 ms, < 262 ms, < 1 s, more: enough to tell a slow host from its peers,
+# cheap enough to keep per address in the kernel.
+HOST_RTT_BUCKETS = 8
+# The hosts section as a JSON Schema (what this module checks beyond it: canonical addresses,
+# failures within connects + MAX_CONNECT_CARRY, each host once).
+HOSTS_SCHEMA_PATH = Path(__file__).parent / "schema" / "window-hosts.schema.json"
+HOST_RTT_FIRST_US = 256
+MAX_ADDRESS_LEN = 39  # the longest canonical IPv6 text
 NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 NAME_RULE = "letters, digits, '.', '_' and '-'"
 
@@ -108,6 +127,32 @@ def printable(value: object, limit: int = 80) -> str:
     if text.isascii() and text.isprintable():
         return text
     return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)
+_KNOWN_ADDRESSES: set[str] = set()  # canonical addresses already checked: hosts repeat in every window
+
+
+def is_canonical_address(value: object) -> bool:
+    """An IPv4 or IPv6 address in its canonical text form ("198.18.2.6", "2001:2:0:120::102")."""
+    if type(value) is str and value in _KNOWN_ADDRESSES:
+        return True
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDRESS_LEN:
+        return False
+    try:
+        ok = str(ipaddress.ip_address(value)) == value
+    except ValueError:
+        return False
+    if ok and len(_KNOWN_ADDRESSES) < 100_000:  # bounded, as _KNOWN_NAMES
+        _KNOWN_ADDRESSES.add(value)
+    return ok
+
+
+def host_rtt_bucket(rtt_us: int) -> int:
+    """The HOST_RTT_BUCKETS bucket of one RTT sample: the rule every producer of rtt_buckets follows."""
+    bucket, bound = 0, HOST_RTT_FIRST_US
+    while bucket < HOST_RTT_BUCKETS - 1 and rtt_us >= bound:
+        bucket, bound = bucket + 1, bound * 4
+    return bucket
+
+
 # Which collector made a window: "bpf" (the probe) or "sockdiag" (the sampling fallback).
 # Optional on the wire, "bpf" when absent; readers treat every source alike.
 DEFAULT_SOURCE = "bpf"
@@ -161,6 +206,29 @@ class PathStats(TcpCounters):
         return doc
 
 
+HOST_COUNTER_FIELDS = ("connects", "failures", "retrans", "rto")
+
+
+@dataclass
+class HostStats:
+    """One destination address of one path: connects started, connects that failed
+    (refused or timed out), retransmits, RTOs and a coarse RTT sketch."""
+
+    src: str
+    dst: str
+    addr: str
+    connects: int = 0
+    failures: int = 0
+    retrans: int = 0
+    rto: int = 0
+    rtt_buckets: list[int] = field(default_factory=lambda: [0] * HOST_RTT_BUCKETS)
+
+    def to_json(self) -> dict:
+        return {"src": self.src, "dst": self.dst, "addr": self.addr, "connects": self.connects,
+                "failures": self.failures, "retrans": self.retrans, "rto": self.rto,
+                "rtt_buckets": list(self.rtt_buckets)}
+
+
 @dataclass
 class Utilisation:
     cpu: float
@@ -180,9 +248,12 @@ class Window:
     lost_events: int = 0
     schema: int = SCHEMA_VERSION
     source: str = DEFAULT_SOURCE
+    hosts: list[HostStats] = field(default_factory=list)
+    # Host summaries the agent could not keep (its table was full): counted, never silent.
+    hosts_dropped: int = 0
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "schema": self.schema,
             "node": self.node,
             "az": self.az,
@@ -195,6 +266,10 @@ class Window:
             "lost_events": self.lost_events,
             "source": self.source,
         }
+        if self.hosts or self.hosts_dropped:  # optional: a window without host evidence omits it
+            doc["hosts"] = [h.to_json() for h in self.hosts]
+            doc["hosts_dropped"] = self.hosts_dropped
+        return doc
 
 
 def _name(doc: Mapping, key: str, where: str, limit: int) -> str:
@@ -254,6 +329,30 @@ def parse_path(doc: object, where: str = "paths[]") -> PathStats:
         if name in doc:
             fields[name] = _histogram(doc[name], prefix + name)
     return PathStats(_name(doc, "src", prefix, MAX_AZ_NAME), _name(doc, "dst", prefix, MAX_AZ_NAME), **fields)
+
+
+def parse_host(doc: object, where: str) -> HostStats:
+    if not _is_object(doc):
+        raise WindowError(f"{where}: expected an object")
+    prefix = where + "."
+    counts = [_count(doc, name, prefix) for name in HOST_COUNTER_FIELDS]
+    buckets = doc.get("rtt_buckets", [0] * HOST_RTT_BUCKETS)
+    if not isinstance(buckets, list) or len(buckets) != HOST_RTT_BUCKETS:
+        raise WindowError(f"{prefix}rtt_buckets: expected a list of {HOST_RTT_BUCKETS} counts")
+    for n in buckets:
+        if type(n) is not int or not 0 <= n <= MAX_COUNT:
+            raise _count_error(prefix, "rtt_buckets", n)
+    return HostStats(_name(doc, "src", prefix, MAX_AZ_NAME), _name(doc, "dst", prefix, MAX_AZ_NAME),
+                     doc.get("addr"), *counts, rtt_buckets=list(buckets))  # type: ignore[arg-type]
+
+
+def _hosts(doc: Mapping) -> list[HostStats]:
+    hosts = doc.get("hosts", [])
+    if not isinstance(hosts, list):
+        raise WindowError("hosts: expected a list")
+    if len(hosts) > MAX_HOSTS:
+        raise WindowError(f"hosts: {len(hosts)} hosts exceed {MAX_HOSTS}")
+    return [parse_host(h, f"hosts[{i}]") for i, h in enumerate(hosts)]
 
 
 def _histogram(doc: object, where: str) -> Histogram:
@@ -324,6 +423,8 @@ def parse_window(doc: object) -> Window:
         paths=[parse_path(p, f"paths[{i}]") for i, p in enumerate(paths)],
         lost_events=_count(doc, "lost_events", ""),
         source=_source(doc),
+        hosts=_hosts(doc),
+        hosts_dropped=_count(doc, "hosts_dropped", ""),
     ))
 
 
@@ -343,7 +444,23 @@ def check_window(window: Window) -> Window:
             raise _bucket_error(p, f"paths[{i}].")
     if len({(p.src, p.dst) for p in window.paths}) != len(window.paths):
         raise WindowError("paths: a (src, dst) path appears twice")
+    if window.hosts:
+        _check_hosts(window.hosts)
     return window
+
+
+def _check_hosts(hosts: list[HostStats]) -> None:
+    if len(hosts) > MAX_HOSTS:
+        raise WindowError(f"hosts: {len(hosts)} hosts exceed {MAX_HOSTS}")
+    for i, h in enumerate(hosts):
+        if not is_canonical_address(h.addr):
+            raise WindowError(f"hosts[{i}].addr: {printable(h.addr, 40)!r} is not an IPv4 or IPv6 address "
+                              "in canonical form (for example 198.18.2.6 or 2001:2:0:120::102)")
+        if h.failures > h.connects + MAX_CONNECT_CARRY:
+            raise WindowError(f"hosts[{i}].failures: {h.failures} exceed connects {h.connects} by more than "
+                              f"the {MAX_CONNECT_CARRY} connects one window can carry over")
+    if len({(h.src, h.dst, h.addr) for h in hosts}) != len(hosts):
+        raise WindowError("hosts: a (src, dst, addr) host appears twice")
 
 
 def _source(doc: Mapping) -> str:

@@ -15,10 +15,12 @@ against index arrays).
 Compact layout (msgpack, every struct an array in this field order):
 
     page   = [node, az, boot_id, [window, ...]]
-    window = [schema, node, az, boot_id, seq, start, end, cpu, mem, lost_events, [path, ...], source]
+    window = [schema, node, az, boot_id, seq, start, end, cpu, mem, lost_events, [path, ...], source,
+              [host, ...], hosts_dropped]      (the last three optional, trailing)
     path   = [src, dst, conn_attempts, conn_ok, conn_refused, conn_timeout, syn_retrans,
               retrans, rto, rtt_us, connect_us]
     hist   = {lower bound µs: count, ...}   loglin-16 lower bounds, counts > 0
+    host   = [src, dst, addr, connects, failures, retrans, rto, [rtt bucket count x 8]]
 
 Windows are decoded one by one (the page holds them as raw msgpack), so one bad window
 is one garbage window, as with JSON, not a lost page.
@@ -41,11 +43,15 @@ from azprobe.contracts.window import (
     MAX_AZ_NAME,
     MAX_BOOT_ID,
     MAX_BUCKET_LOWER,
+    HOST_RTT_BUCKETS,
+    MAX_ADDRESS_LEN,
     MAX_COUNT,
+    MAX_HOSTS,
     MAX_NODE_NAME,
     MAX_SEQ,
     MAX_SOURCE_LEN,
     SCHEMA_VERSION,
+    HostStats,
     PathStats,
     Utilisation,
     Window,
@@ -74,6 +80,23 @@ Buckets = Annotated[dict[LowerBound, Count], msgspec.Meta(max_length=NUM_BUCKETS
 Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Source = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SOURCE_LEN, pattern="^[A-Za-z0-9]+$")]
+# The address's characters here; its canonical form is window.check_window's, for both encodings.
+Address = Annotated[str, msgspec.Meta(min_length=2, max_length=MAX_ADDRESS_LEN, pattern="^[0-9a-f:.]+$")]
+RttBuckets = Annotated[list[Count], msgspec.Meta(min_length=HOST_RTT_BUCKETS, max_length=HOST_RTT_BUCKETS)]
+
+
+class _Host(msgspec.Struct, array_like=True):
+    src: AzName
+    dst: AzName
+    addr: Address
+    connects: Count
+    failures: Count
+    retrans: Count
+    rto: Count
+    rtt_buckets: RttBuckets
+
+
+Hosts = Annotated[list[_Host], msgspec.Meta(max_length=MAX_HOSTS)]
 
 
 class _Path(msgspec.Struct, array_like=True):
@@ -103,6 +126,8 @@ class _Window(msgspec.Struct, array_like=True):
     lost_events: Count
     paths: list[_Path]
     source: Source = DEFAULT_SOURCE  # trailing and optional: an older agent's windows omit it
+    hosts: Hosts = []  # trailing and optional, as source
+    hosts_dropped: Count = 0
 
 
 class _WindowHead(msgspec.Struct, array_like=True):
@@ -173,7 +198,9 @@ def _compact_window(w: Window) -> _Window:
                    w.lost_events,
                    [_Path(p.src, p.dst, p.conn_attempts, p.conn_ok, p.conn_refused, p.conn_timeout,
                           p.syn_retrans, p.retrans, p.rto, _buckets(p.rtt_us), _buckets(p.connect_us))
-                    for p in w.paths], w.source)
+                    for p in w.paths], w.source,
+                   [_Host(h.src, h.dst, h.addr, h.connects, h.failures, h.retrans, h.rto, list(h.rtt_buckets))
+                    for h in w.hosts], w.hosts_dropped)
 
 
 def encode_compact_window(window: Window) -> bytes:
@@ -212,6 +239,7 @@ def _hist(counts: dict[int, int]) -> Histogram:
 
 _WINDOW_FIELDS = _Window.__struct_fields__
 _PATH_FIELDS = _Path.__struct_fields__
+_HOST_FIELDS = _Host.__struct_fields__
 
 
 def _field_error(message: str) -> str:
@@ -227,6 +255,10 @@ def _field_error(message: str) -> str:
             where = f"paths[{indexes[1]}]"
             if len(indexes) > 2 and indexes[2] < len(_PATH_FIELDS):
                 where += "." + _PATH_FIELDS[indexes[2]]
+        elif where == "hosts" and len(indexes) > 1:
+            where = f"hosts[{indexes[1]}]"
+            if len(indexes) > 2 and indexes[2] < len(_HOST_FIELDS):
+                where += "." + _HOST_FIELDS[indexes[2]]
         elif where in ("cpu", "mem"):
             where = "util." + where
     return f"{where}: {problem}"
@@ -253,7 +285,10 @@ def _window_from_struct(c: _Window) -> Window:
                                rtt_us=_hist(p.rtt_us), connect_us=_hist(p.connect_us)))
     return check_window(Window(node=c.node, az=c.az, boot_id=c.boot_id, seq=c.seq, start=c.start, end=c.end,
                                util=Utilisation(c.cpu, c.mem), paths=paths, lost_events=c.lost_events,
-                               source=c.source))
+                               source=c.source,
+                               hosts=[HostStats(h.src, h.dst, h.addr, h.connects, h.failures, h.retrans, h.rto,
+                                                h.rtt_buckets) for h in c.hosts],
+                               hosts_dropped=c.hosts_dropped))
 
 
 def _typed_pending(c: _Window) -> PendingWindow:

@@ -2,8 +2,8 @@
 counting only its node's sockets), devconsul, real controller subprocesses, scored from
 what Consul KV showed (azprobe.dev.demo.metrics).
 
-One lab + devconsul + agents serves all drills (module fixture); each drill starts its
-own controllers on a fresh KV prefix, so drills do not see each other's weights.
+The e2e tests' one lab + devconsul + agents (tests/e2e/conftest.py) serves all runs; each run starts its
+own controllers on a fresh KV prefix, so runs do not see each other's weights.
 """
 
 from __future__ import annotations
@@ -16,28 +16,21 @@ import pytest
 
 from azprobe.dev.demo.configs import LEADER_PROBE_FAILURES
 from azprobe.dev.demo.metrics import KvSample
-from azprobe.dev.demo.runner import DrillResult, LoopStack, run_drill
+from azprobe.dev.demo.runner import ScenarioResult, LoopStack, run_scenario
 from azprobe.dev.demo.scenarios import get_scenario
 from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ
+from tests.helpers import LAB_SAFETY
 
 pytestmark = [pytest.mark.slow, pytest.mark.lab, pytest.mark.kernel]
 
-FAULT_S = 10.0  # shortened drills: long enough to drain, short enough for make test
+FAULT_S = 10.0  # shortened runs: long enough to drain, short enough for make test
 # The failover kill comes at 1/4 of the fault (after the drain); a SIGKILLed leader's
 # session lives up to 2 x TTL = 20 s, so the fault must outlast the takeover.
 FAILOVER_FAULT_S = 36.0  # kill at 9 s, takeover by ~32 s at worst
 
 
-@pytest.fixture(scope="module")
-def stack():
-    from azprobe.dev.lab.lab import unique_lab_name
-
-    with LoopStack(lab_name=unique_lab_name("e2e")) as s:
-        yield s
-
-
 def _controller_log(result, name: str) -> str:
-    """The log of the drill's controller `name` (the drill names it <prefix>-<name>.log)."""
+    """The log of the run's controller `name` (the run names it <prefix>-<name>.log)."""
     logs = sorted(Path(result.work_dir).glob(f"*-{name}.log"), key=lambda p: p.stat().st_mtime)
     assert logs, f"no log of {name} in {result.work_dir}"
     return logs[-1].read_text(errors="replace")
@@ -48,16 +41,16 @@ def _in_fault(samples: list[KvSample], start: float, end: float) -> list[KvSampl
 
 
 @pytest.fixture(scope="module")
-def default_drill(stack: LoopStack) -> DrillResult:
-    return run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S)
+def default_run(loop_stack: LoopStack) -> ScenarioResult:
+    return run_scenario(loop_stack, get_scenario("delay-loss"), fault_s=FAULT_S, safety=LAB_SAFETY)
 
 
-def test_every_client_node_is_a_vantage_point_of_its_own(stack: LoopStack) -> None:
-    nodes = stack.lab.nodes
-    assert len(nodes) == len(stack.agent_urls) == DEFAULT_NODES_PER_AZ * len(stack.azs)
+def test_every_client_node_is_a_vantage_point_of_its_own(loop_stack: LoopStack) -> None:
+    nodes = loop_stack.lab.nodes
+    assert len(nodes) == len(loop_stack.agent_urls) == DEFAULT_NODES_PER_AZ * len(loop_stack.azs)
     assert DEFAULT_NODES_PER_AZ >= 3  # the controller's minimum quorum is 3 nodes
     for node in nodes:
-        doc = json.loads(urllib.request.urlopen(f"{stack.agent_urls[node.name]}/v1/windows?after=0", timeout=5).read())
+        doc = json.loads(urllib.request.urlopen(f"{loop_stack.agent_urls[node.name]}/v1/windows?after=0", timeout=5).read())
         assert (doc["node"], doc["az"]) == (node.name, node.az)
         # Only its own node's sockets: every path it reports starts in its own AZ.
         assert {p["src"] for w in doc["windows"] for p in w["paths"] if p["dst"] != "other"} == {node.az}, node
@@ -77,27 +70,28 @@ def _assert_drained_and_recovered(result) -> None:
     assert m.min_share_seen >= 1
 
 
-def test_default_drill_drains_the_sick_zone_and_recovers(default_drill: DrillResult) -> None:
-    _assert_drained_and_recovered(default_drill)
+def test_default_scenario_drains_the_sick_zone_and_recovers(default_run: ScenarioResult) -> None:
+    _assert_drained_and_recovered(default_run)
 
 
-def test_default_drill_drains_the_sick_zone_through_prometheus(stack: LoopStack, tmp_path) -> None:
-    """The same drill with the controllers reading the agent through a real Prometheus
+def test_default_scenario_drains_the_sick_zone_through_prometheus(loop_stack: LoopStack, tmp_path) -> None:
+    """The same run with the controllers reading the agent through a real Prometheus
     server (1 s scrapes of the lab's node agents) instead of pulling it: the Prometheus source
     end to end (docs/prometheus.md). The detection time is printed with the figures."""
     from azprobe.dev.promserver import PrometheusServer
     from tests.helpers import wait_for
 
-    with PrometheusServer(tmp_path / "prom", [u.removeprefix("http://") for u in stack.agent_urls.values()],
+    with PrometheusServer(tmp_path / "prom", [u.removeprefix("http://") for u in loop_stack.agent_urls.values()],
                           scrape_interval_s=1.0) as prom:
         wait_for(prom.targets_up, timeout=30, interval=0.2, message="prometheus to scrape the lab's agent")
-        result = run_drill(stack, get_scenario("delay-loss"), fault_s=FAULT_S, prometheus_url=prom.url)
+        result = run_scenario(loop_stack, get_scenario("delay-loss"), fault_s=FAULT_S, prometheus_url=prom.url,
+                              safety=LAB_SAFETY)
     print(f"prometheus source (1 s scrapes): figures: {result.to_json()}")
     _assert_drained_and_recovered(result)  # how fast: bench/loop.py --source prometheus
 
 
-def test_healthy_zones_stay_level_while_the_sick_one_drains(default_drill: DrillResult) -> None:
-    result = default_drill
+def test_healthy_zones_stay_level_while_the_sick_one_drains(default_run: ScenarioResult) -> None:
+    result = default_run
     fault_start, fault_end = result.events[0].t, result.events[-1].t
     during = _in_fault(result.samples, fault_start, fault_end)
     assert during, f"no KV document during the fault; figures: {result.to_json()}"
@@ -105,11 +99,11 @@ def test_healthy_zones_stay_level_while_the_sick_one_drains(default_drill: Drill
     assert not apart, f"healthy zones more than 5 points apart: {apart}"
 
 
-def test_a_sick_uplink_drains_nothing(stack: LoopStack) -> None:
+def test_a_sick_uplink_drains_nothing(loop_stack: LoopStack) -> None:
     """`lab fault --from az-b`: az-b's client nodes see every zone at +200 ms and 5 % loss;
     the other AZs' nodes see every zone healthy. A sick source is no sick destination:
     az-a and az-c keep their shares (within 5 points), and it is no panic."""
-    result = run_drill(stack, get_scenario("uplink"), fault_s=FAULT_S)
+    result = run_scenario(loop_stack, get_scenario("uplink"), fault_s=FAULT_S, safety=LAB_SAFETY)
     m = result.metrics
     context = f"figures: {result.to_json()}"
     fault_start, fault_end = result.events[0].t, result.events[-1].t
@@ -122,8 +116,8 @@ def test_a_sick_uplink_drains_nothing(stack: LoopStack) -> None:
     assert result.checks()["recovered"], context
 
 
-def test_all_zones_degraded_is_panic_not_a_drain(stack: LoopStack) -> None:
-    result = run_drill(stack, get_scenario("all-zones"), fault_s=FAULT_S)
+def test_all_zones_degraded_is_panic_not_a_drain(loop_stack: LoopStack) -> None:
+    result = run_scenario(loop_stack, get_scenario("all-zones"), fault_s=FAULT_S, safety=LAB_SAFETY)
     m = result.metrics
     context = f"figures: {result.to_json()}"
     assert "panic" in m.states_seen, context
@@ -132,15 +126,15 @@ def test_all_zones_degraded_is_panic_not_a_drain(stack: LoopStack) -> None:
     during = _in_fault(result.samples, fault_start, fault_end)
     panic = [s for s in during if s.state == "panic"]
     assert panic, context
-    even = 100 // len(stack.azs)
+    even = 100 // len(loop_stack.azs)
     for s in panic:  # spread evenly: every zone within a point of 100/N
         assert all(even - 1 <= share <= even + 1 for share in s.shares.values()), s
     # No zone was drained while every zone was sick: nobody fell below the detect threshold.
     assert min(m.min_share_during.values()) >= 15, context
 
 
-def test_controller_failover_keeps_kv_updates_flowing(stack: LoopStack) -> None:
-    result = run_drill(stack, get_scenario("controller-failover"), fault_s=FAILOVER_FAULT_S)
+def test_controller_failover_keeps_kv_updates_flowing(loop_stack: LoopStack) -> None:
+    result = run_scenario(loop_stack, get_scenario("controller-failover"), fault_s=FAILOVER_FAULT_S, safety=LAB_SAFETY)
     m = result.metrics
     context = f"figures: {result.to_json()}"
     kill = next(e for e in result.events if e.action == "kill-leader")
@@ -157,7 +151,7 @@ def test_controller_failover_keeps_kv_updates_flowing(stack: LoopStack) -> None:
     assert f"leader {kill.detail!r} at 127.0.0.1:" in new_leader_log, new_leader_log[-3000:]
     assert (f"did not answer {LEADER_PROBE_FAILURES} probes in a row: invalidating its session"
             in new_leader_log), new_leader_log[-3000:]
-    # The drill still did its job, and the new leader held the drain from warm state.
+    # The run still did its job, and the new leader held the drain from warm state.
     assert m.detect_s is not None and m.shares_during["az-b"] <= 10, context
     fault_end = result.events[-1].t
     by_new_leader = [s for s in result.samples if s.leader == m.leaders_seen[1] and s.t < fault_end]
@@ -165,7 +159,7 @@ def test_controller_failover_keeps_kv_updates_flowing(stack: LoopStack) -> None:
 
 
 def test_interrupted_demo_tears_everything_down() -> None:
-    """`kill` (SIGTERM, handled like Ctrl-C) in the middle of a drill: exit 130, every
+    """`kill` (SIGTERM, handled like Ctrl-C) in the middle of a run: exit 130, every
     child process gone, the lab's namespaces gone."""
     import signal
     import subprocess
@@ -181,20 +175,22 @@ def test_interrupted_demo_tears_everything_down() -> None:
     name = unique_lab_name("int")
     children: list[psutil.Process] = []
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "lab", "demo", "--name", name, "--fault-s", "30"],
+        proc = subprocess.Popen([sys.executable, "-m", "azprobe.commands.cli", "lab", "demo", "--name", name, "--fault-s", "30",
+                                 # one agent per AZ: the same teardown, a third of the agents to start
+                                 "--nodes-per-az", "1"],
                                 stdout=subprocess.DEVNULL, stderr=err, text=True)
         try:
-            def drilling() -> bool:
+            def running_the_scenario() -> bool:
                 err.seek(0)
-                return "drill" in err.read()
+                return "scenario" in err.read()
 
-            wait_for(drilling, timeout=90, interval=0.2, message="the demo to reach its drill")
+            wait_for(running_the_scenario, timeout=90, interval=0.2, message="the demo to reach its scenario run")
 
-            def controllers_running() -> bool:  # the drill spawns them just after saying "drill"
+            def controllers_running() -> bool:  # the run spawns them just after saying "scenario"
                 children[:] = psutil.Process(proc.pid).children(recursive=True)
                 return any("controller" in " ".join(c.cmdline()) for c in children)
 
-            wait_for(controllers_running, timeout=30, message="the drill's controllers")
+            wait_for(controllers_running, timeout=30, message="the scenario run's controllers")
             assert list_lab_namespaces(name)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 130

@@ -26,7 +26,8 @@ from azprobe.agent.http import OPEN_POOL, make_server, serve_in_background
 from azprobe.agent.httpserver import BoundedHTTPServer, ConnectionLimits, Pool
 from azprobe.contracts.window import Window, parse_window
 from azprobe.contracts.windowcodec import COMPACT_TYPE
-from azprobe.controller.collect import AgentTarget, Collector
+from azprobe.controller.collect import Collector
+from azprobe.controller.window_source import AgentTarget
 from azprobe.controller.config import parse_config
 from azprobe.errors import ConfigError
 from tests.controller_harness import topology

@@ -104,7 +104,10 @@ def test_table_and_json_of_fresh_weights(shared_consul):
     assert lines[4].split()[:2] == ["az-b", "15%"] and "degraded" in lines[4]
     as_json = azprobe("weights", "--json", env={"CONSUL_HTTP_ADDR": devconsul.url})
     assert as_json.returncode == 0, as_json.stderr
-    assert json.loads(as_json.stdout) == doc.to_json()
+    printed = json.loads(as_json.stdout)
+    assert (printed.pop("sick_hosts"), printed.pop("sick_hosts_status")) == (None, "absent")
+    assert "no sick-hosts document" in printed.pop("sick_hosts_note")
+    assert printed == doc.to_json()
 
 
 def test_stale_weights_are_shown_as_stale(shared_consul):
@@ -112,8 +115,8 @@ def test_stale_weights_are_shown_as_stale(shared_consul):
     result = azprobe("weights", "--consul", shared_consul.url, "--prefix", "stale/")
     assert result.returncode == 1
     assert result.stdout.startswith("STALE: weights at stale/weights expired")
-    rows = result.stdout.splitlines()[3:]
-    assert rows and all(row.split()[7] == "STALE" for row in rows)
+    rows = [r for r in result.stdout.splitlines()[3:] if not r.startswith("host list unavailable: ")]
+    assert len(rows) == 2 and all(row.split()[7] == "STALE" for row in rows)
     assert " ok " not in result.stdout and "state OK" not in result.stdout
     as_json = azprobe("weights", "--json", "--consul", shared_consul.url, "--prefix", "stale/")
     assert as_json.returncode == 1 and "STALE" in as_json.stderr
@@ -177,6 +180,74 @@ def test_kv_text_reaches_the_terminal_escaped(shared_consul):
     invalid = azprobe("weights", "--consul", shared_consul.url, "--prefix", "escapes2/")
     assert invalid.returncode == 1 and "unknown field" in invalid.stderr
     assert not _raw_controls(invalid.stderr), repr(invalid.stderr)
+
+
+def _hosts_doc(reason: str, *, now: float | None = None, ttl_s: float = 60.0) -> str:
+    import time
+
+    from azprobe.contracts.weights_hosts import HostsDoc, SickHostEntry
+
+    now = time.time() if now is None else now
+    sick = {"az-b": (SickHostEntry("198.18.2.13", (reason, "median node n-az-a-1 (az-a)")),
+                     SickHostEntry("198.18.2.10", ("host quorum: 5 of 9 nodes",)))}
+    return HostsDoc(generation=5, generated_at=now, expires_at=now + ttl_s, global_view=sick,
+                    from_views={"az-a": {"az-b": sick["az-b"][:1]}}).dumps()
+
+
+def test_weights_show_the_sick_hosts_beside_the_weights(shared_consul):
+    hostile = "\x1b[2J\x07\x9b1m"
+    doc = sample_weights_doc(5, {"az-a": 50, "az-b": 50})
+    put(shared_consul, doc.dumps(), key="hosts1/weights")
+    put(shared_consul, _hosts_doc("host quorum: 9 of 9 nodes" + hostile), key="hosts1/hosts")
+    table = azprobe("weights", "--consul", shared_consul.url, "--prefix", "hosts1/")
+    assert table.returncode == 0, table.stderr
+    assert not _raw_controls(table.stdout), repr(table.stdout)
+    lines = table.stdout.splitlines()
+    at = lines.index("sick hosts (demoted: Envoy DEGRADED) at hosts1/hosts:")
+    assert lines[at + 1].split()[:2] == ["az-b", "198.18.2.13"]
+    assert "host quorum: 9 of 9 nodes\\x1b[2J\\x07" in lines[at + 1]
+    assert lines[at + 2].split()[:2] == ["az-b", "198.18.2.10"]
+    as_json = azprobe("weights", "--json", "--consul", shared_consul.url, "--prefix", "hosts1/")
+    assert as_json.returncode == 0, as_json.stderr
+    printed = json.loads(as_json.stdout)
+    assert printed["sick_hosts_status"] == "fresh" and "sick_hosts_note" not in printed
+    assert [h["addr"] for h in printed["sick_hosts"]["az-b"]] == ["198.18.2.13", "198.18.2.10"]
+    assert printed["sick_hosts"]["az-b"][0]["reasons"][0] == "host quorum: 9 of 9 nodes\\x1b[2J\\x07\\x9b1m"
+    assert printed["zones"] == doc.to_json()["zones"]
+    # a source view shows that view's hosts
+    put(shared_consul, sample_weights_doc(5, source_az="az-a").dumps(), key="hosts1/weights/from/az-a")
+    src = azprobe("weights", "--json", "--consul", shared_consul.url, "--prefix", "hosts1/", "--from", "az-a")
+    assert [h["addr"] for h in json.loads(src.stdout)["sick_hosts"]["az-b"]] == ["198.18.2.13"]
+
+
+@pytest.mark.parametrize(("hosts", "status", "line"), [
+    (None, "absent", "host list unavailable: no sick-hosts document at {p}hosts"),
+    (b'{"schema": 1, "generation"', "invalid", "host list unavailable: the sick-hosts document at {p}hosts is invalid"),
+    (b'{"schema": 1}', "invalid", "host list unavailable: the sick-hosts document at {p}hosts is invalid"),
+    ("stale", "stale", "sick hosts at {p}hosts: STALE, expired"),
+    ("none", "fresh", "sick hosts: none named ({p}hosts)"),
+])
+def test_weights_without_a_usable_host_list_are_shown_as_today(shared_consul, hosts, status, line):
+    prefix = f"nohosts-{status}-{len(str(hosts))}/"
+    doc = sample_weights_doc(8)
+    put(shared_consul, doc.dumps(), key=prefix + "weights")
+    if hosts == "stale":
+        hosts = _hosts_doc("old", now=1_000_000_000.0, ttl_s=5)
+    elif hosts == "none":
+        hosts = _hosts_doc("x").replace('"global":{"az-b"', '"global":{"az-x"')
+        hosts = json.dumps({**json.loads(hosts), "global": {}, "from": {}})
+    if hosts is not None:
+        put(shared_consul, hosts, key=prefix + "hosts")
+    table = azprobe("weights", "--consul", shared_consul.url, "--prefix", prefix)
+    assert table.returncode == 0, table.stderr
+    today = table.stdout.splitlines()
+    assert today[2].split()[:3] == ["AZ", "SHARE", "WEIGHT"] and today[3].split()[:2] == ["az-a", "85%"]
+    assert today[-1 if status != "stale" else -3].startswith(line.format(p=prefix)), table.stdout
+    as_json = azprobe("weights", "--json", "--consul", shared_consul.url, "--prefix", prefix)
+    assert as_json.returncode == 0, as_json.stderr
+    printed = json.loads(as_json.stdout)
+    assert printed["sick_hosts_status"] == status and printed["zones"] == doc.to_json()["zones"]
+    assert (printed["sick_hosts"] is None) == (status in ("absent", "invalid"))
 
 
 def test_unreachable_consul_names_the_address_and_the_fix():

@@ -11,7 +11,8 @@ import time
 from aiohttp import web
 
 from azprobe.clients.transport import AgentHttpClient, Endpoint
-from azprobe.controller.collect import AgentState, AgentTarget, Collector
+from azprobe.controller.collect import Collector
+from azprobe.controller.window_source import AgentState, AgentTarget
 from azprobe.contracts.window import parse_window
 from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, FakeAgentServer, PathSpec
@@ -176,7 +177,7 @@ def test_agents_discovered_from_the_catalog(devconsul):
                                "topology": {"azs": ["az-a", "az-b", "az-c"]}})
         ctl = Controller(config)
         ctl.consul_tick()
-        assert ctl.consul_up is True
+        assert ctl.consul.consul_up is True
 
         async def one_cycle():
             out = await ctl.cycle()
@@ -188,7 +189,7 @@ def test_agents_discovered_from_the_catalog(devconsul):
             (f"http://127.0.0.1:{s.port}", az) for az, s in servers.items())
         assert out.pull.ingested == 2 and out.pull.failed == 0
         assert set(out.merged.zones) == {"az-a", "az-b"}
-        ctl.election.release()
+        ctl.consul.election.release()
     finally:
         for server in servers.values():
             server.stop()

@@ -15,7 +15,7 @@ import consul
 from azprobe.controller.config import parse_config
 from azprobe.controller.detector import DetectorConfig, ZoneSpikeDetectors
 from azprobe.controller.main import Controller
-from tests.controller_harness import read_weights
+from tests.controller_harness import drive_rounds, read_weights
 from tests.fakeagent import FakeAgentServer, PathSpec, zone_agents
 
 AZS = ["az-a", "az-b", "az-c"]
@@ -34,15 +34,7 @@ def _controller(devconsul, server: FakeAgentServer) -> Controller:
 
 
 def _rounds(ctl: Controller, server: FakeAgentServer, n: int) -> None:
-    async def run() -> None:
-        for _ in range(n):
-            for agent in server.agents.values():
-                agent.emit(interval_s=0.2)
-            await ctl.cycle()
-            await asyncio.to_thread(ctl.consul_tick)
-        await ctl.collector.close()
-
-    asyncio.run(run())
+    drive_rounds(ctl, server.agents.values(), rounds=n, simulated_clock=False)
 
 
 def test_operator_shift_and_freeze_are_honoured_and_shown(devconsul):
@@ -74,7 +66,7 @@ def test_operator_shift_and_freeze_are_honoured_and_shown(devconsul):
         _rounds(ctl, server, 3)
         doc = read_weights(client)
         assert doc.state == "ok" and doc.zones["az-b"].share > 1
-        ctl.election.release()
+        ctl.consul.election.release()
 
 
 def test_spike_detector_is_wired_to_metrics_and_logs(devconsul, caplog):
@@ -85,13 +77,13 @@ def test_spike_detector_is_wired_to_metrics_and_logs(devconsul, caplog):
         ctl = _controller(devconsul, server)
         # Short detector buckets so the 60-bucket method warms up within the test; the
         # daemon uses the documents' 10 s buckets.
-        ctl.detectors = ZoneSpikeDetectors(DetectorConfig(bucket_s=0.05, warmup_buckets=3, min_failures=5))
+        ctl.decider.detectors = ZoneSpikeDetectors(DetectorConfig(bucket_s=0.05, warmup_buckets=3, min_failures=5))
         quiet = PathSpec(dst="az-c", conn_attempts=50, failures=1)
         for agent in agents.values():
             agent.paths = [p if p.dst != "az-c" else quiet for p in agent.paths]
 
         clock = [time.time()]
-        ctl.wall = lambda: clock[0]
+        ctl.decider.wall = ctl.consul.wall = lambda: clock[0]
 
         async def run() -> None:
             for _ in range(8):
@@ -113,4 +105,4 @@ def test_spike_detector_is_wired_to_metrics_and_logs(devconsul, caplog):
         assert 'azprobe_detector_spikes_total{az="az-c"} 1.0' in render
         assert 'azprobe_detector_spike{az="az-a"} 0.0' in render
         assert any(r.getMessage().startswith("zone az-c: spike:") for r in caplog.records)
-        ctl.election.release()
+        ctl.consul.election.release()

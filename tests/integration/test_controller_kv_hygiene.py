@@ -115,8 +115,8 @@ def test_an_implausible_generation_in_kv_does_not_wedge_the_leader(devconsul, fo
         doc = read_weights(client)  # parses: a valid document replaced the foreign one
         assert doc is not None and doc.leader == "ctl" and 1 <= doc.generation <= 2
         assert sorted(doc.zones) == AZS
-        assert ctl.publisher.counters.invalid_docs == 0 and ctl.publisher.counters.generation_restarts == 1
-        ctl.election.release()
+        assert ctl.consul.publisher.counters.invalid_docs == 0 and ctl.consul.publisher.counters.generation_restarts == 1
+        ctl.consul.election.release()
 
 
 def test_a_deeply_nested_weights_document_does_not_wedge_the_leader(devconsul, tmp_path):
@@ -144,28 +144,28 @@ def test_consul_failing_the_txn_backs_off_and_keeps_the_lock(devconsul, caplog):
             server.add(key, agent)
         ctl = _controller(f"http://127.0.0.1:{proxy.port}", [server.url(k) for k in server.agents])
         clock = [1000.0]
-        ctl.publisher.clock = lambda: clock[0]
+        ctl.consul.publisher.clock = lambda: clock[0]
         _rounds(ctl, server, 2)
         first = read_weights(client)
-        assert first is not None and ctl.election.is_leader
+        assert first is not None and ctl.consul.election.is_leader
         proxy.fail = True
         calls = proxy.txn_calls
         leader_flags = []
 
         def tick(i: int) -> None:
-            leader_flags.append(ctl.election.is_leader)
+            leader_flags.append(ctl.consul.election.is_leader)
             clock[0] += 0.2  # 12 ticks: 2.4 s of the publisher's clock
-            ctl.publisher._last_signatures = None  # every tick wants to write
+            ctl.consul.publisher._last_signatures = None  # every tick wants to write
 
         _rounds(ctl, server, 12, between=tick)
         assert all(leader_flags), "stepped down on a failed write"
         failed = proxy.txn_calls - calls
         assert 2 <= failed <= 5  # backoff 0.4, 0.8, 1.6 s ...: not one per tick
-        assert ctl.publisher.counters.write_errors == failed
+        assert ctl.consul.publisher.counters.write_errors == failed
         proxy.fail = False
         clock[0] += 20.0  # past the longest backoff
         _rounds(ctl, server, 1)
         doc = read_weights(client)
-        assert doc.generation > first.generation and ctl.election.is_leader
+        assert doc.generation > first.generation and ctl.consul.election.is_leader
         assert sum("became leader" in r.getMessage() for r in caplog.records) <= 1
-        ctl.election.release()
+        ctl.consul.election.release()

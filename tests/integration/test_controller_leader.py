@@ -73,26 +73,26 @@ def test_controller_steps_down_on_409(devconsul, caplog):
                            "consul": {"address": devconsul.url}, "agents": {"static": ["http://127.0.0.1:9"]},
                            "topology": {"azs": ["az-a", "az-b", "az-c"]}})
     ctl = Controller(config)
-    client = ctl.client
-    ctl.latest_views = _views({"az-a": 60, "az-b": 40})
+    client = ctl.consul.client
+    ctl.handover.offer_views(_views({"az-a": 60, "az-b": 40}))
     ctl.consul_tick()
-    assert ctl.election.is_leader and read_weights(client).generation == 1
+    assert ctl.consul.election.is_leader and read_weights(client).generation == 1
     # Someone removes the lock key: our session is alive but no longer holds the lock.
     client.kv.delete("azprobe/v1/leader")
-    ctl.latest_views = _views({"az-a": 30, "az-b": 70})
+    ctl.handover.offer_views(_views({"az-a": 30, "az-b": 70}))
     with caplog.at_level("INFO"):
         ctl.consul_tick()
-    assert not ctl.election.is_leader
-    assert ctl.publisher.counters.conflicts == 1
+    assert not ctl.consul.election.is_leader
+    assert ctl.consul.publisher.counters.conflicts == 1
     assert read_weights(client).zones["az-a"].share == 60  # the rejected write left nothing behind
     assert any("stepped down" in r.getMessage() and "409" in r.getMessage() for r in caplog.records)
     assert ctl.metrics.leader._value.get() == 0
     # Next round it may take the free lock again, and continues above the last generation.
     ctl.consul_tick()
-    assert ctl.election.is_leader
+    assert ctl.consul.election.is_leader
     doc = read_weights(client)
     assert doc.zones["az-a"].share == 30 and doc.generation > 1
-    ctl.election.release()
+    ctl.consul.election.release()
 
 
 def test_two_controllers_one_leader_and_failover_after_sigkill(devconsul, tmp_path):

@@ -13,7 +13,8 @@ import msgspec
 import pytest
 
 from azprobe.contracts.windowcodec import COMPACT_TYPE, JSON_TYPE
-from azprobe.controller.collect import AgentTarget, Collector
+from azprobe.controller.collect import Collector
+from azprobe.controller.window_source import AgentTarget
 from azprobe.controller.config import parse_config
 from azprobe.errors import ConfigError
 from tests.controller_harness import topology

@@ -6,19 +6,16 @@ clock (the decision clock), so nothing waits on a timer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 import uuid
 from collections.abc import Callable
 
 import consul
 import pytest
 
-from azprobe.controller.config import parse_config
 from azprobe.controller.main import Controller
-from tests.controller_harness import read_weights
+from tests.controller_harness import drive_rounds, fleet_controller, read_weights
 from tests.fakeagent import FakeAgent, FakeAgentServer, Impersonator, PathSpec, zone_agents
 
 AZS = ["az-a", "az-b", "az-c"]
@@ -27,15 +24,7 @@ DOWN = PathSpec(dst="az-b", conn_attempts=50, failures=50, rtt_ms=2000.0)
 
 
 def _controller(devconsul, urls: list[str], prefix: str) -> Controller:
-    config = parse_config({
-        "controller": {"name": "ctl", "listen": "127.0.0.1:9", "interval_s": 0.2, "evaluation_window_s": 2.0,
-                       "lock_delay_s": 0},
-        "consul": {"address": devconsul.url, "prefix": prefix},
-        "agents": {"static": urls},
-        "topology": {"azs": AZS},
-        "safety": {"drain_dwell_s": 1.0},
-    })
-    return Controller(config)
+    return fleet_controller(devconsul.url, urls, prefix, AZS)
 
 
 def _run(devconsul, agents: dict[str, FakeAgent], *, extra_urls: Callable[[FakeAgentServer], list[str]] | None = None,
@@ -43,28 +32,13 @@ def _run(devconsul, agents: dict[str, FakeAgent], *, extra_urls: Callable[[FakeA
     """Run the rounds; returns the controller and the global document after each round."""
     prefix = f"azprobe/{uuid.uuid4().hex[:8]}/"
     client = consul.Consul(host=devconsul.host, port=devconsul.port)
-    docs = []
     with FakeAgentServer() as server:
         urls = [server.add(key, agent) for key, agent in agents.items()]
         urls += extra_urls(server) if extra_urls else []
         ctl = _controller(devconsul, urls, prefix)
-        clock = [time.time()]
-        ctl.wall = lambda: clock[0]
-
-        async def run() -> None:
-            for i in range(rounds):
-                for agent in agents.values():
-                    agent.emit(interval_s=0.2)
-                if before_pull:
-                    before_pull(i)
-                await ctl.cycle()
-                await asyncio.to_thread(ctl.consul_tick)
-                docs.append(read_weights(client, prefix + "weights"))
-                clock[0] += 0.2
-            await ctl.collector.close()
-
-        asyncio.run(run())
-        ctl.election.release()
+        docs = drive_rounds(ctl, agents.values(), lambda: read_weights(client, prefix + "weights"), rounds=rounds,
+                            before_pull=before_pull)
+        ctl.consul.election.release()
     return ctl, docs
 
 
@@ -86,7 +60,7 @@ def _assert_published(ctl: Controller, docs: list) -> None:
     """Publishing uninterrupted: a valid document from the first round on, the leader never
     stepped down, no invalid document built, generations never going back."""
     assert all(d is not None for d in docs)
-    assert ctl.publisher.counters.invalid_docs == 0 and ctl.publisher.counters.conflicts == 0
+    assert ctl.consul.publisher.counters.invalid_docs == 0 and ctl.consul.publisher.counters.conflicts == 0
     gens = [d.generation for d in docs]
     assert gens == sorted(gens) and gens[0] >= 1
 
@@ -163,7 +137,7 @@ def test_one_hostile_agent_moves_nothing(devconsul, honest, scenario, caplog):
         client = consul.Consul(host=devconsul.host, port=devconsul.port)
         _, keys = client.kv.get("", keys=True)
         assert not [k for k in keys or [] if "fake" in k]
-        assert set(ctl.detectors.detectors) <= set(AZS) and set(ctl.safety_states) <= {"", *AZS}
+        assert set(ctl.decider.detectors.detectors) <= set(AZS) and set(ctl.decider.safety_states) <= {"", *AZS}
         assert ctl.collector.topology.counters.windows_unknown_az >= 9
         assert ctl.collector.topology.counters.paths_unknown_dst >= 130
         render = ctl.metrics.render().decode()
@@ -221,7 +195,7 @@ def test_one_source_az_seeing_everything_degraded_drains_nothing(devconsul, hone
     _assert_close(_shares(docs[-1]), want, "uplink")
     assert docs[-1].state == "ok"
     view = json.loads(consul.Consul(host=devconsul.host, port=devconsul.port).kv.get(
-        ctl.consul_settings.key("weights/from/az-a"))[1]["Value"])
+        ctl.consul.settings.key("weights/from/az-a"))[1]["Value"])
     assert view["source_az"] == "az-a"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -163,3 +164,92 @@ def test_acl_wrong_token_reports_permission_denied(tmp_path, live_agent_url):
                         controller_config(tmp_path, dc.url, [live_agent_url], str(right)), "--json")
         assert result.returncode == 0, result.stdout
         assert by_name(json.loads(result.stdout))["consul.acl_session"]["status"] == "ok"
+
+
+def test_xds_role_checks_config_listen_weights_and_catalog(devconsul, tmp_path):
+    import json as _json
+
+    from tests import xds_harness as xh
+    from tests.helpers import sample_weights_doc
+
+    body = {"Node": "n1", "Address": "198.18.1.10", "Service": {"ID": "api-1", "Service": "api", "Port": 8080}}
+    assert devconsul.request("PUT", "/v1/catalog/register", _json.dumps(body)).status == 200
+    assert devconsul.request("PUT", "/v1/kv/azprobe/v1/weights", sample_weights_doc(1).dumps()).status == 200
+    config = xh.write_config(tmp_path, devconsul.url, services=[{"name": "api", "consul_service": "api"},
+                                                                {"name": "none", "consul_service": "none"}],
+                             topology={"az-a": ["198.18.1.0/24"]})
+    result = doctor("--role", "xds", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = {c["name"]: c for c in _json.loads(result.stdout)["checks"]}
+    assert checks["config"]["status"] == "ok" and checks["grpc"]["status"] == "ok"
+    assert checks["weights global"]["status"] == "ok"
+    assert checks["weights az-a"]["status"] == "warn"  # absent: the view serves the global document
+    assert checks["service api"]["status"] == "ok" and "1 passing" in checks["service api"]["detail"]
+    assert checks["service none"]["status"] == "warn"
+    assert "consul.acl_kv" not in checks  # the xDS server only reads
+
+
+def test_xds_role_without_config_fails_and_a_bad_one_is_exit_2(tmp_path):
+    assert doctor("--role", "xds").returncode == 1
+    bad = tmp_path / "xds.toml"
+    bad.write_text('[xds]\nlisten = "nope"\n')
+    result = doctor("--role", "xds", "--config", str(bad))
+    assert result.returncode == 2 and "xds.listen" in result.stderr
+
+
+# --- extender role: the scheduler extender's config, TLS, listen address, weights ----------
+
+def extender_config(tmp_path: Path, consul_url: str, extra: str = "", listen: str = "127.0.0.1:0") -> str:
+    path = tmp_path / "scheduler-extender.toml"
+    path.write_text(f'[extender]\nlisten = "{listen}"\n{extra}[consul]\naddress = "{consul_url}"\n'
+                    '[nodes]\nname_patterns = ["(?P<zone>az-[a-c])-node-[0-9]+"]\n')
+    return str(path)
+
+
+def test_extender_role_checks_config_tls_listen_and_weights(devconsul, tmp_path):
+    from tests.helpers import sample_weights_doc
+    from tests.pki import TestCA
+
+    ca = TestCA.create(tmp_path / "pki", "scheduler-ca")
+    server = ca.issue("extender", ips=["127.0.0.1"])
+    tls = f'tls_cert_file = "{server.cert_file}"\ntls_key_file = "{server.key_file}"\ntls_ca_file = "{ca.cert_file}"\n'
+    config = extender_config(tmp_path, devconsul.url, tls)
+    result = doctor("--role", "extender", "--config", config, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = by_name(json.loads(result.stdout))
+    assert {checks[n]["status"] for n in ("config", "nodes", "extender.tls", "extender.listen",
+                                          "consul.reachable")} == {"ok"}
+    assert "scheduler-ca.crt" in checks["extender.tls"]["detail"]
+    assert checks["weights"]["status"] == "warn" and "absent" in checks["weights"]["detail"]
+    assert "consul.acl_kv" not in checks  # the extender only reads
+
+    assert devconsul.request("PUT", "/v1/kv/azprobe/v1/weights", sample_weights_doc(4).dumps()).status == 200
+    checks = by_name(json.loads(doctor("--role", "extender", "--config", config, "--json").stdout))
+    assert checks["weights"]["status"] == "ok" and "generation 4" in checks["weights"]["detail"]
+
+    # A key others can read, and a taken port: each a failure with its fix, exit 1.
+    os.chmod(server.key_file, 0o644)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = extender_config(tmp_path, devconsul.url, tls, listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        result = doctor("--role", "extender", "--config", busy, "--json")
+    assert result.returncode == 1
+    checks = by_name(json.loads(result.stdout))
+    assert checks["extender.tls"]["status"] == "fail" and "chmod 600" in checks["extender.tls"]["fix"]
+    assert "PRIVATE KEY" not in result.stdout
+    assert checks["extender.listen"]["status"] == "fail" and "change extender.listen" in checks["extender.listen"]["fix"]
+
+
+def test_extender_role_without_consul_or_config(tmp_path):
+    with refused_port() as port:
+        result = doctor("--role", "extender", "--config", extender_config(tmp_path, f"http://127.0.0.1:{port}"),
+                        "--json")
+    assert result.returncode == 1
+    checks = by_name(json.loads(result.stdout))
+    assert checks["consul.reachable"]["status"] == "fail" and "weights" not in checks
+    assert doctor("--role", "extender").returncode == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[extender]\ntls_ca_file = "/etc/ca.crt"\n')
+    result = doctor("--role", "extender", "--config", str(bad))
+    assert result.returncode == 2 and "extender.tls_ca_file" in result.stderr

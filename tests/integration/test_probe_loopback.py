@@ -21,7 +21,7 @@ from azprobe import bpf as bpf_consts
 from azprobe.agent import btf
 from azprobe.agent.probe import Probe
 from tests.agent_harness import latest_seq, path_histogram, path_total, running_agent
-from tests.helpers import wait_for
+from tests.helpers import EchoServer, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -89,35 +89,6 @@ def _connect(dst: str, port: int, *, family: int = socket.AF_INET, syncnt: int |
             s.sendall(payload)
             assert s.recv(len(payload)) == payload
         return "ok"
-
-
-class EchoServer:
-    """Echoes whatever arrives, one connection at a time (plenty for these tests)."""
-
-    def __init__(self, host: str) -> None:
-        import threading
-
-        self.host = host
-        self.sock = socket.socket()
-        self.sock.bind((host, 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                while data := conn.recv(65536):
-                    conn.sendall(data)
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
 
 
 _reserved_ports: list[socket.socket] = []

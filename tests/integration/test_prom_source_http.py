@@ -12,7 +12,7 @@ import logging
 import pytest
 from aiohttp import web
 
-from azprobe.controller.collect import AgentState
+from azprobe.controller.window_source import AgentState
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import PrometheusCollector
 from tests.controller_harness import topology

@@ -19,11 +19,13 @@ import pytest
 from tests.helpers import require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
-UNITS = ("azprobe-agent.service", "azprobe-controller.service")
+UNITS = ("azprobe-agent.service", "azprobe-controller.service", "azprobe-xds.service",
+         "azprobe-scheduler-extender.service")
 INSTALLED_PREFIX = "/opt/azprobe/"
 # Upper bounds on `systemd-analyze security --offline=true` exposure (0 = locked down,
-# 10 = none). Measured: agent 1.9 (root, CAP_BPF, network), controller 1.1.
-MAX_EXPOSURE = {"azprobe-agent.service": 2.0, "azprobe-controller.service": 1.2}
+# 10 = none). Measured: agent 1.9 (root, CAP_BPF, network), controller and extender 1.1.
+MAX_EXPOSURE = {"azprobe-agent.service": 2.0, "azprobe-controller.service": 1.2, "azprobe-xds.service": 1.2,
+                "azprobe-scheduler-extender.service": 1.2}
 
 
 @pytest.fixture(autouse=True)
@@ -85,13 +87,16 @@ def directives(unit: str) -> dict[str, list[str]]:
 def test_daemon_contract(unit):
     d = directives(unit)
     assert d["Type"] == ["notify"] and d["NotifyAccess"] == ["main"]
-    assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert d["Restart"] == ["on-failure"]
     watchdog_s = int(d["WatchdogSec"][0].rstrip("s"))
     # The loops ping once per interval; the example configs use 1 s.
     assert watchdog_s >= 2 * 1.0 + 1
-    role = "agent" if "agent" in unit else "controller"
-    assert d["ExecStart"] == [f"/opt/azprobe/bin/azprobe {role} --config /etc/azprobe/{role}.toml"]
+    role = unit.removeprefix("azprobe-").removesuffix(".service")
+    command = "xds serve" if role == "xds" else role
+    assert d["ExecStart"] == [f"/opt/azprobe/bin/azprobe {command} --config /etc/azprobe/{role}.toml"]
+    # every daemon takes SIGHUP: the agent and the controller reload their config, the xDS
+    # server and the extender re-read their rotated files (their config needs a restart)
+    assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     for key in ("NoNewPrivileges", "PrivateTmp", "ProtectHome", "ProtectKernelModules", "LockPersonality",
                 "MemoryDenyWriteExecute", "RestrictSUIDSGID"):
         assert d[key] == ["yes"], key
@@ -105,8 +110,16 @@ def test_agent_has_exactly_the_bpf_capabilities():
     assert d["RestrictAddressFamilies"] == ["AF_INET AF_INET6 AF_UNIX AF_NETLINK"]
 
 
-def test_controller_has_no_capabilities_and_a_dynamic_user():
-    d = directives("azprobe-controller.service")
+@pytest.mark.parametrize("unit", ["azprobe-controller.service", "azprobe-xds.service"])
+def test_controller_and_xds_have_no_capabilities_and_a_dynamic_user(unit):
+    d = directives(unit)
     assert d["CapabilityBoundingSet"] == [""] and d["DynamicUser"] == ["yes"]
     assert d["RestrictAddressFamilies"] == ["AF_INET AF_INET6 AF_UNIX"]
     assert d["PrivateDevices"] == ["yes"]
+
+
+def test_scheduler_extender_has_no_capabilities_and_a_dynamic_user():
+    d = directives("azprobe-scheduler-extender.service")
+    assert d["CapabilityBoundingSet"] == [""] and d["DynamicUser"] == ["yes"]
+    assert d["RestrictAddressFamilies"] == ["AF_INET AF_INET6 AF_UNIX"]
+    assert d["PrivateDevices"] == ["yes"] and d["PrivateUsers"] == ["yes"]

@@ -79,7 +79,7 @@ def test_a_future_dated_document_neither_freezes_a_running_watcher_nor_a_new_one
         _run_until(first, server, lambda: running.snapshot() is not None)
         held = running.snapshot()
         assert held.leader == "ctl-1" and running.status().state == FRESH
-        first.election.release()
+        first.consul.election.release()
 
         rejected = running.rejected
         client.kv.put(KEY, _future_document())
@@ -96,7 +96,7 @@ def test_a_future_dated_document_neither_freezes_a_running_watcher_nor_a_new_one
             second = _controller("ctl-2", devconsul.url, urls)
             _run_until(second, server, lambda: (read_weights(client) or held).leader == "ctl-2")
             restarted = read_weights(client)
-            assert restarted.generation == 1 and second.publisher.counters.generation_restarts == 1
+            assert restarted.generation == 1 and second.consul.publisher.counters.generation_restarts == 1
             for agent in agents.values():  # az-b's outage, seen from every AZ
                 agent.paths = [DOWN if p.dst == "az-b" else p for p in agent.paths]
 
@@ -113,7 +113,7 @@ def test_a_future_dated_document_neither_freezes_a_running_watcher_nor_a_new_one
                 status = watcher.status()
                 assert status.state == FRESH and status.doc.generation != FUTURE_GENERATION
                 assert watcher.snapshot().zones["az-b"].share == outage.zones["az-b"].share <= 5
-            second.election.release()
+            second.consul.election.release()
         assert refused_while_running == (1, True, FRESH)  # refused, the good document kept
         assert refused_at_start[0] == EMPTY and "from the future" in refused_at_start[1]
         assert restarted.term is not None and restarted.term != held.term and outage.term == restarted.term

@@ -19,7 +19,7 @@ from azprobe.controller.config import parse_config
 from azprobe.controller.decide import GLOBAL_VIEW
 from azprobe.controller.main import Controller
 from azprobe.controller.quorum import NodeEvidence
-from tests.fakeagent import FakeAgentServer, PathSpec, zone_agents
+from tests.fakeagent import FakeAgentServer, HostSpec, PathSpec, zone_agents
 
 AZS = ["az-a", "az-b", "az-c"]
 SLOW_B = PathSpec(dst="az-b", conn_attempts=50, rtt_ms=40.0, connect_ms=40.0)
@@ -44,7 +44,7 @@ def _daemon_cycle(config: dict[str, Any], server: FakeAgentServer) -> tuple[dict
         for agent in server.agents.values():
             agent.emit(interval_s=0.2)
         outcome = await ctl.cycle()
-        evidence = ctl.evidence(outcome.merged)
+        evidence = ctl.decider.evidence(outcome.merged)
         await ctl.collector.close()
         return {az: z.share for az, z in outcome.views[GLOBAL_VIEW].zones.items()}, evidence
 
@@ -104,3 +104,35 @@ def test_what_if_per_node_form_gives_the_daemons_shares_with_a_liar(tmp_path):
     assert len({json.dumps(n["zones"], sort_keys=True) for n in nodes}) == 2  # the liar and everyone else
     assert _what_if(tmp_path, config, {"nodes": nodes}, "nodes") == daemon
     assert max(daemon.values()) - min(daemon.values()) <= 1, daemon  # nobody drained, a and b level
+
+
+def test_what_if_per_node_form_with_hosts_gives_the_daemons_decision(tmp_path):
+    """One of az-b's six servers is +200 ms and every node's pooled P95 shows it: the
+    daemon keeps az-b in play and names the host, and so does the what-if fed the same
+    per-node evidence, host sums included."""
+    servers = {az: [f"198.18.{i + 1}.{10 + h}" for h in range(6)] for i, az in enumerate(AZS)}
+    sick = servers["az-b"][1]
+    with FakeAgentServer() as server:
+        for key, agent in zone_agents(AZS, 3, sick={"az-b": PathSpec(dst="az-b", conn_attempts=50,
+                                                                      rtt_ms=205.0)}).items():
+            agent.hosts = [HostSpec(dst=d, addr=a, rtt_ms=205.0 if a == sick else 0.9) for d in AZS
+                           for a in servers[d]]
+            server.add(key, agent)
+        config = _config([server.url(k) for k in server.agents])
+        daemon, evidence = _daemon_cycle(config, server)
+
+    assert all(n.hosts for n in evidence)
+    nodes = [{"node": n.node, "az": n.az, "zones": _zones_json(n.zones),
+              "hosts": [{"src": n.az, "dst": dst, "addr": addr, "connects": s.connects, "failures": s.failures,
+                         "retrans": s.retrans, "rto": s.rto, "rtt_buckets": s.rtt} for (dst, addr), s in n.hosts.items()]}
+             for n in evidence]
+    stats_path, config_path = tmp_path / "hosts.json", tmp_path / "hosts.toml"
+    stats_path.write_text(json.dumps({"nodes": nodes}))
+    config_path.write_text(dump_toml(config))
+    r = subprocess.run([sys.executable, "-m", "azprobe.commands.cli", "model", "eval", "--safety", "--config",
+                        str(config_path), str(stats_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {az: z["share"] for az, z in out["zones"].items()} == daemon
+    assert max(daemon.values()) - min(daemon.values()) <= 1, daemon  # az-b kept its share
+    assert [h["addr"] for h in out["sick_hosts"]["az-b"]] == [sick]

@@ -1,10 +1,16 @@
-"""The agent's HTTP server's request-head parser and response encoder, fed by hand."""
+"""The agent's HTTP server's request-head parser, response encoder and connection table,
+fed by hand."""
 
 from __future__ import annotations
 
+import json
+import socket
+
 import pytest
 
-from azprobe.agent.httpserver import MAX_HEADERS, HeadError, Response, encode_response, has_body, parse_head
+from azprobe.agent.httpserver.connections import HEAD, IDLE, NO_DEADLINE, WORK, Connection, ConnectionTable
+from azprobe.agent.httpserver.wire import (MAX_HEAD_BYTES, MAX_HEADERS, HeadError, Response, encode_response, has_body,
+                                           parse_head, take_request)
 
 
 def test_a_request_head():
@@ -54,3 +60,63 @@ def test_a_response_is_one_buffer_with_its_framing():
     assert {"Content-Type: application/json", "Content-Length: 7", "WWW-Authenticate: Bearer",
             "Connection: keep-alive"} <= set(lines)
     assert b"Connection: close" in encode_response(Response(503, b""), keep_alive=False)
+
+
+def test_requests_are_taken_from_the_buffer_one_head_at_a_time():
+    buf = bytearray(b"\r\nGET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\n")
+    assert take_request(buf).path == "/a"
+    assert buf == bytearray(b"GET /b HTTP/1.1\r\n")  # a pipelined head, not complete yet
+    assert take_request(buf) is None and buf == bytearray(b"GET /b HTTP/1.1\r\n")
+    buf += b"\r\n"
+    assert take_request(buf).path == "/b" and not buf
+
+
+@pytest.mark.parametrize("data, status, headers", [
+    (b"GET / HTTP/1.1\r\nX: " + b"y" * MAX_HEAD_BYTES, 431, ()),
+    (b"GET / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 400, ()),
+    (b"POST / HTTP/1.1\r\n\r\n", 405, (("Allow", "GET"),)),
+    (b"GET / HTTP/2.0\r\n\r\n", 505, ()),
+])
+def test_a_request_not_served_is_an_answer_and_a_close(data, status, headers):
+    with pytest.raises(HeadError) as caught:
+        take_request(bytearray(data))
+    response = caught.value.response()
+    assert (response.status, response.headers) == (status, headers)
+    assert json.loads(response.body)["error"]
+
+
+def test_the_push_out_order_is_unauthenticated_oldest_first_and_never_a_request_being_computed():
+    table = ConnectionTable()
+    a, b, c = (Connection(socket.socket(), peer) for peer in "abc")
+    try:
+        b.authenticated = True
+        for conn in (b, a, c):
+            table.add(conn)
+            table.enter(conn, HEAD, 5.0)
+        assert table.oldest() is a  # older b proved the token: pushed out last
+        table.enter(a, WORK, 0.0)
+        assert table.oldest() is c
+        table.enter(c, WORK, 0.0)
+        assert table.oldest() is b
+        table.enter(b, WORK, 0.0)
+        assert table.oldest() is None and len(table) == 3
+    finally:
+        for conn in (a, b, c):
+            conn.sock.close()
+
+
+def test_expired_connections_and_the_next_sweep():
+    table = ConnectionTable()
+    late, fresh = Connection(socket.socket(), "late"), Connection(socket.socket(), "fresh")
+    try:
+        table.enter(late, HEAD, 0.0)
+        table.enter(fresh, IDLE, 60.0)
+        now = late.deadline + 0.001
+        assert table.expired(now) == [late]
+        assert table.next_deadline == fresh.deadline
+        table.remove(late)
+        table.remove(fresh)
+        assert table.expired(now) == [] and table.next_deadline == NO_DEADLINE
+    finally:
+        late.sock.close()
+        fresh.sock.close()

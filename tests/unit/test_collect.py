@@ -9,7 +9,9 @@ from collections import deque
 import msgspec
 import pytest
 
-from azprobe.controller.collect import AgentCursor, AgentState, AgentTarget, Collector, WindowStore
+from azprobe.controller.collect import Collector
+from azprobe.controller.window_source import AgentCursor, AgentState, AgentTarget
+from azprobe.controller.window_store import WindowStore
 from tests.controller_harness import topology
 from tests.fakeagent import FakeAgent, PathSpec
 

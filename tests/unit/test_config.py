@@ -140,6 +140,26 @@ def test_a_token_file_others_may_read_or_write_is_refused_naming_mode_and_fix(tm
     assert exc.value.exit_code == 2
 
 
+def test_a_root_owned_secret_its_group_may_read_is_read_by_a_non_root_member(tmp_path, monkeypatch):
+    """Kubernetes mounts a Secret for a non-root pod as root:<fsGroup> 0440; PostgreSQL
+    accepts a root-owned key file its own group may read. Group write is still refused,
+    and so is a group the reader is not in."""
+    require_root("chown")
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    os.chown(path, 0, os.getegid())
+    path.chmod(0o440)
+    monkeypatch.setattr(os, "geteuid", lambda: 65532)  # the pod's runAsUser; its group is the file's
+    assert read_token_file(path, "agents.token_file") == "s3cret"
+    path.chmod(0o460)
+    with pytest.raises(ConfigError, match="has mode 0460: other users may read or write it"):
+        read_token_file(path, "agents.token_file")
+    path.chmod(0o440)
+    os.chown(path, 0, 65534)  # a group the reader is not in
+    with pytest.raises(ConfigError, match="has mode 0440: other users may read or write it"):
+        read_token_file(path, "agents.token_file")
+
+
 def test_a_secret_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo, 0o600)  # opened blocking, this would wait for a writer for ever

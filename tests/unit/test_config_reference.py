@@ -31,11 +31,13 @@ import pytest
 
 from azprobe.agent.config import parse_agent_config
 from azprobe.config import Section
+from azprobe.consumers.scheduler.config import parse_extender_config
 from azprobe.controller.config import parse_config
 from azprobe.controller.models import MODEL_NAMES
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
-AGENT_HEADING, CONTROLLER_HEADING = "Agent config", "Controller config"
+AGENT_HEADING, CONTROLLER_HEADING, XDS_HEADING = "Agent config", "Controller config", "xDS server config"
+EXTENDER_HEADING = "Scheduler extender config"
 _NO_DEFAULT = object()  # a key probed with `has`: no default given
 
 
@@ -215,6 +217,8 @@ AGENT = {"node": {"az": "az-a"}, "topology": {"az-a": ["198.18.1.0/24"], "az-b":
 TOPOLOGY = {"topology": {"azs": ["az-a", "az-b", "az-c"]}}
 DIRECT = {**TOPOLOGY, "agents": {"static": ["http://198.18.1.2:9740"]}}
 PROMETHEUS = {**TOPOLOGY, "agents": {"source": "prometheus"}, "prometheus": {"url": "http://127.0.0.1:9090"}}
+MUTUAL_TLS = {**TOPOLOGY, "agents": {"static": ["https://198.18.1.2:9740"], "identity": "spiffe://lab/node/{node}",
+                                     "tls": {"cert_file": "/c.pem", "key_file": "/k.pem", "ca_file": "/ca.pem"}}}
 
 
 def controller_loads() -> list[Callable[[], Any]]:
@@ -223,6 +227,7 @@ def controller_loads() -> list[Callable[[], Any]]:
     for source in (DIRECT, PROMETHEUS):
         for model in MODEL_NAMES:
             loads.append(lambda source=source, model=model: parse_config({**source, "model": {"name": model}}))
+    loads.append(lambda: parse_config(MUTUAL_TLS))  # the files are loaded by the controller, not the parser
     return loads
 
 
@@ -233,7 +238,9 @@ def _no_consul_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_agent_config_table_lists_what_the_loader_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    reads = record_reads(monkeypatch, [lambda: parse_agent_config(AGENT)])
+    with_tls = {**AGENT, "agent": {"tls": {"cert_file": "/c.pem", "key_file": "/k.pem", "ca_file": "/ca.pem",
+                                           "client_identity": "spiffe://lab/controller"}}}
+    reads = record_reads(monkeypatch, [lambda: parse_agent_config(AGENT), lambda: parse_agent_config(with_tls)])
     assert {"node", "agent", "topology"} <= reads.tables  # the recorder saw the loader
     problems = reference_problems(AGENT_HEADING, CONTRACTS.read_text(), reads, names={"topology": "<az>"})
     assert not problems, "\n".join(problems)
@@ -244,6 +251,30 @@ def test_the_controller_config_table_lists_what_the_loader_reads(monkeypatch: py
     assert {"prometheus", "model.default", "quorum", "topology"} <= reads.tables
     assert ("agents", "forget_after_s") in reads.keys()  # read only when set: probed with `has`
     problems = reference_problems(CONTROLLER_HEADING, CONTRACTS.read_text(), reads)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_xds_config_table_lists_what_the_loader_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from azprobe.consumers.xds.config import parse_xds_config
+
+    endpoints = tmp_path / "backend.json"
+    endpoints.write_text('{"az-a": ["198.18.1.2:8080"]}')
+    config = {"topology": {"az-a": ["198.18.1.0/24"]},
+              "service": [{"name": "backend", "endpoints_file": str(endpoints)}, {"name": "api", "consul_service": "api"}]}
+    with_tls = {**config, "xds": {"tls": {"cert_file": "/etc/x.crt", "key_file": "/etc/x.key", "ca_file": "/etc/ca.crt"}}}
+    reads = record_reads(monkeypatch, [lambda: parse_xds_config(config), lambda: parse_xds_config(with_tls)])
+    assert {"xds", "xds.tls", "consul", "topology", "service"} <= reads.tables
+    problems = reference_problems(XDS_HEADING, CONTRACTS.read_text(), reads, names={"topology": "<az>"})
+    assert not problems, "\n".join(problems)
+
+
+EXTENDER = {"nodes": {"name_patterns": ["(?P<zone>az-[a-c])-.*"], "zones": {"node-1": "az-a"}}}
+
+
+def test_the_scheduler_extender_config_table_lists_what_the_loader_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = record_reads(monkeypatch, [lambda: parse_extender_config(EXTENDER)])
+    assert {"extender", "consul", "weights", "nodes", "nodes.zones"} <= reads.tables
+    problems = reference_problems(EXTENDER_HEADING, CONTRACTS.read_text(), reads, names={"nodes.zones": "<node>"})
     assert not problems, "\n".join(problems)
 
 

@@ -29,6 +29,9 @@ def test_bad_az_names_make_no_key(bad: str) -> None:
     ("control/freeze", ("freeze", None)),
     ("control/shift/az-c", ("shift", "az-c")),
     ("control/shift/", None),
+    ("control/host/198.18.2.12", ("host", "198.18.2.12")),
+    ("control/host/", None),
+    ("control/hosts-off", ("hosts-off", None)),
     ("control/other", None),
     ("weights", None),
 ])

@@ -21,7 +21,7 @@ def test_defaults_follow_the_contract(monkeypatch):
     monkeypatch.delenv("CONSUL_HTTP_ADDR", raising=False)
     config = parse_config(MINIMAL)
     c = config.controller
-    assert (c.interval_s, c.evaluation_window_s, c.listen) == (1.0, 5.0, ("127.0.0.1", 9741))
+    assert (c.interval_s, c.evaluation_window_s, c.listen) == (1.0, 3.0, ("127.0.0.1", 9741))
     assert (c.session_ttl_s, c.lock_delay_s) == (10.0, 15.0)
     assert config.agents.pull_timeout_s == 0.5 and config.agents.discover == ""
     assert config.consul.prefix == "azprobe/v1/" and config.consul.address == "http://127.0.0.1:8500"
@@ -48,7 +48,7 @@ def test_defaults_follow_the_contract(monkeypatch):
     ({**MINIMAL, "extra": {}}, "extra"),
     ({"agents": {**MINIMAL["agents"], "forget_after_s": "long"}}, "agents.forget_after_s"),
     ({"agents": {**MINIMAL["agents"], "forget_after_s": 0}}, "agents.forget_after_s"),
-    ({"agents": {**MINIMAL["agents"], "forget_after_s": 4.0}}, "agents.forget_after_s"),  # < the 5 s window
+    ({"agents": {**MINIMAL["agents"], "forget_after_s": 2.0}}, "agents.forget_after_s"),  # < the 3 s window
     ({**MINIMAL, "consul": {"address": "http://127.0.0.1:0"}}, "consul.address"),
     ({**MINIMAL, "consul": {"address": "127.0.0.1:0"}}, "consul.address"),
     ({**MINIMAL, "agents": {"source": "prometheus"}, "prometheus": {"url": "http://127.0.0.1:0"}}, "prometheus.url"),

@@ -34,7 +34,7 @@ def test_full_collections_by_time_or_by_growth(monkeypatch):
     cycle every FULL_GC_EVERY_S, or sooner once GC_GROWTH_LIMIT more objects are alive."""
     import gc
 
-    from azprobe.controller import main
+    from azprobe.controller import gcpace, main
     from azprobe.controller.config import parse_config
 
     controller = main.Controller(parse_config({
@@ -44,12 +44,12 @@ def test_full_collections_by_time_or_by_growth(monkeypatch):
     alive = [10]
     monkeypatch.setattr(gc, "collect", lambda *args: collections.append(1) or 0)
     monkeypatch.setattr(gc, "get_count", lambda: (alive[0], 0, 0))
-    controller._full_gc_if_due()
+    controller.decider.gc.collect_if_due()
     assert collections == []  # just started, little growth
-    alive[0] = main.GC_GROWTH_LIMIT + 1
-    controller._full_gc_if_due()
+    alive[0] = gcpace.GC_GROWTH_LIMIT + 1
+    controller.decider.gc.collect_if_due()
     assert collections == [1]
     alive[0] = 10
-    controller._last_full_gc -= main.FULL_GC_EVERY_S
-    controller._full_gc_if_due()
+    controller.decider.gc.last -= gcpace.FULL_GC_EVERY_S
+    controller.decider.gc.collect_if_due()
     assert collections == [1, 1]

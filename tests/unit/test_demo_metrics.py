@@ -1,4 +1,4 @@
-"""The drill figures, computed from synthetic KV timelines (pure)."""
+"""The figures of a scenario run, computed from synthetic KV timelines (pure)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def kv(t: float, gen: int, a: int, b: int, c: int, state: str = "ok", leader: st
     return KvSample(t=t, generation=gen, shares={"az-a": a, "az-b": b, "az-c": c}, state=state, leader=leader)
 
 
-# A textbook drill: baseline 33/34/33, fault at t=10, drained by t=12.5, clear at t=30,
+# A textbook run: baseline 33/34/33, fault at t=10, drained by t=12.5, clear at t=30,
 # recovered in steps by t=36.
-DRILL = [
+TEXTBOOK = [
     kv(1.0, 1, 33, 34, 33),
     kv(11.0, 2, 40, 20, 40),
     kv(12.5, 3, 45, 10, 45),
@@ -37,8 +37,8 @@ DRILL = [
 EVENTS = [FaultEvent(10.0, "fault"), FaultEvent(30.0, "clear")]
 
 
-def test_textbook_drill_figures() -> None:
-    m = compute_metrics(DRILL, EVENTS, ["az-b"])
+def test_textbook_run_figures() -> None:
+    m = compute_metrics(TEXTBOOK, EVENTS, ["az-b"])
     assert m.detect_s == 2.5  # 12.5: first generation with az-b < 15
     assert m.recover_s == 6.0  # 36.0: az-b = 32, within 5 of 34
     assert m.shares_before == {"az-a": 33, "az-b": 34, "az-c": 33}
@@ -61,7 +61,7 @@ def test_never_drained_means_no_detect_and_instant_recovery() -> None:
 
 
 def test_never_recovered_is_none() -> None:
-    m = compute_metrics(DRILL[:5], EVENTS, ["az-b"])  # ends at az-b = 16 (18 from 34)
+    m = compute_metrics(TEXTBOOK[:5], EVENTS, ["az-b"])  # ends at az-b = 16 (18 from 34)
     assert m.recover_s is None
 
 
@@ -81,14 +81,14 @@ def test_a_drain_after_the_clear_is_not_a_recovery() -> None:
 
 
 def test_detect_counts_from_fault_start_not_from_first_sample_after() -> None:
-    # Already below the threshold when the fault begins (a previous drill): detect = 0.
+    # Already below the threshold when the fault begins (a previous run): detect = 0.
     m = compute_metrics([kv(1.0, 1, 45, 10, 45)], EVENTS, ["az-b"])
     assert m.detect_s == 0.0
 
 
 def test_no_baseline_means_no_recover_figure() -> None:
     # First KV write after the fault began: nothing to recover to.
-    m = compute_metrics(DRILL[1:], EVENTS, ["az-b"])
+    m = compute_metrics(TEXTBOOK[1:], EVENTS, ["az-b"])
     assert m.shares_before == {}
     assert m.recover_s is None
     assert m.detect_s == 2.5
@@ -104,15 +104,15 @@ def test_duplicate_and_backward_generations_are_dropped() -> None:
 
 
 def test_doc_at_is_a_step_function() -> None:
-    assert doc_at(DRILL, 0.5) is None
-    assert doc_at(DRILL, 12.5).generation == 3
-    assert doc_at(DRILL, 12.49).generation == 2
+    assert doc_at(TEXTBOOK, 0.5) is None
+    assert doc_at(TEXTBOOK, 12.5).generation == 3
+    assert doc_at(TEXTBOOK, 12.49).generation == 2
 
 
 def test_flap_recover_counts_from_the_last_clear() -> None:
     events = [FaultEvent(10.0, "fault"), FaultEvent(15.0, "clear"), FaultEvent(20.0, "fault"),
               FaultEvent(30.0, "clear")]
-    m = compute_metrics(DRILL, events, ["az-b"])
+    m = compute_metrics(TEXTBOOK, events, ["az-b"])
     assert m.recover_s == 6.0
     assert m.detect_s == 2.5
 
@@ -132,7 +132,7 @@ def test_direction_reversals(series: list[int], expected: int) -> None:
     assert direction_reversals(series) == expected
 
 
-def test_oscillating_drill_reports_reversals_for_the_sick_az_only() -> None:
+def test_oscillating_run_reports_reversals_for_the_sick_az_only() -> None:
     samples = [kv(float(i), i + 1, 33, b, 67 - b) for i, b in enumerate([34, 10, 30, 10, 30])]
     m = compute_metrics(samples, [FaultEvent(0.5, "fault"), FaultEvent(10.0, "clear")], ["az-b"])
     assert m.direction_reversals == 3
@@ -161,7 +161,7 @@ def test_failover_takeover_and_gap() -> None:
 
 
 def test_to_json_has_the_contract_keys() -> None:
-    doc = compute_metrics(DRILL, EVENTS, ["az-b"]).to_json()
+    doc = compute_metrics(TEXTBOOK, EVENTS, ["az-b"]).to_json()
     for key in ("detect_s", "recover_s", "shares_before", "shares_during", "shares_after", "kv_writes",
                 "direction_reversals", "min_share_seen", "max_generation_gap"):
         assert key in doc
@@ -190,7 +190,7 @@ def test_flap_toggles_every_period_and_ends_cleared() -> None:
         (0.0, "fault"), (5.0, "clear"), (10.0, "fault"), (15.0, "clear"), (20, "clear")]
 
 
-def test_failover_kills_the_leader_mid_drill() -> None:
+def test_failover_kills_the_leader_mid_run() -> None:
     scenario = get_scenario("controller-failover")
     assert scenario.controllers == 2
     steps = scenario.timeline(40)
@@ -202,6 +202,20 @@ def test_all_zones_resolves_to_every_lab_az() -> None:
     assert scenario.faults[0].az == ALL_AZS
     assert scenario.sick_azs(["az-a", "az-b", "az-c"]) == ["az-a", "az-b", "az-c"]
     assert get_scenario("blackhole").sick_azs(["az-a", "az-b", "az-c"]) == ["az-b"]
+
+
+def test_gray_host_hurts_one_server_and_no_zone() -> None:
+    from azprobe.dev.demo.scenarios import FaultSpec, Scenario
+    from azprobe.dev.lab.faults import Fault
+
+    gray = get_scenario("gray-host")
+    assert gray.sick_azs(["az-a", "az-b", "az-c"]) == [] and not gray.expect_drain
+    assert gray.servers_per_az >= 2 and [(f.az, f.server) for f in gray.faults] == [("az-b", 1)]
+    assert "server 1 of az-b" in gray.faults[0].describe()
+    with pytest.raises(ConfigError, match="servers_per_az"):
+        Scenario("x", "x", (FaultSpec("az-b", Fault(delay_ms=1), server=1),))
+    with pytest.raises(ConfigError, match="server"):
+        FaultSpec("az-b", Fault(delay_ms=1), uplink=True, server=0)
 
 
 def test_every_issue_scenario_exists() -> None:
@@ -341,14 +355,14 @@ def test_frame_redraws_in_place() -> None:
     assert out.count(ERASE_LINE) == 2 and "\x1b[2J" not in out  # no full clear: no flicker
 
 
-def test_drill_checks_and_summary_follow_the_scenario() -> None:
+def test_run_checks_and_summary_follow_the_scenario() -> None:
     from azprobe.dev.demo.cli import _summary
-    from azprobe.dev.demo.runner import DrillResult
+    from azprobe.dev.demo.runner import ScenarioResult
 
-    drained = DrillResult("delay-loss", ["az-b"], 30.0, compute_metrics(DRILL, EVENTS, ["az-b"]), DRILL, EVENTS)
+    drained = ScenarioResult("delay-loss", ["az-b"], 30.0, compute_metrics(TEXTBOOK, EVENTS, ["az-b"]), TEXTBOOK, EVENTS)
     assert drained.checks() == {"recovered": True, "drained": True}
-    never = compute_metrics(DRILL[:5], EVENTS, ["az-b"])
-    panic = DrillResult("all-zones", ["az-b"], 30.0, never, DRILL[:5], EVENTS, expect_drain=False, expect_panic=True)
+    never = compute_metrics(TEXTBOOK[:5], EVENTS, ["az-b"])
+    panic = ScenarioResult("all-zones", ["az-b"], 30.0, never, TEXTBOOK[:5], EVENTS, expect_drain=False, expect_panic=True)
     assert panic.checks() == {"recovered": False, "panic_seen": False}
     text = _summary(panic.to_json())
     assert "recover   never" in text and "panic_seen FAILED" in text

@@ -83,3 +83,27 @@ def test_json_report_overall():
     report = doctor.report_json(doctor.Role.AGENT, [doctor.ok("a", "x"), doctor.warn("b", "y", "z")])
     assert report["ok"] is True
     assert report["checks"][1] == {"name": "b", "status": "warn", "detail": "y", "fix": "z"}
+
+
+# --- the controller's pulls: plain HTTP off this host is a warning ---------------------------
+
+def _agents(agents: dict) -> object:
+    from azprobe.controller.config import parse_config
+
+    return parse_config({"agents": agents, "topology": {"azs": ["az-a"]}}).agents
+
+
+@pytest.mark.parametrize("agents, status", [
+    ({"static": ["http://127.0.0.1:9740", "http://[::1]:9740", "http://localhost:9740"]}, "ok"),
+    ({"static": ["http://127.0.0.1:9740", "http://198.18.1.2:9740"]}, "warn"),
+    ({"discover": "consul"}, "warn"),
+    ({"static": ["https://198.18.1.2:9740"], "identity": "spiffe://lab/node/{node}",
+      "tls": {"cert_file": "/c", "key_file": "/k", "ca_file": "/ca"}}, "ok"),
+])
+def test_plain_http_from_a_non_loopback_agent_is_a_warning(agents, status):
+    from azprobe.commands.doctor import agents_transport_check
+
+    check = agents_transport_check(_agents(agents))
+    assert check.status == status, check
+    if status == "warn":
+        assert "plain HTTP" in check.detail and "[agents.tls]" in check.fix

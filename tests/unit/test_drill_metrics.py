@@ -1,7 +1,7 @@
 """The drill's scoring (azprobe.dev.drill.metrics): windows, percentiles, detection,
 recovery and Envoy's counter shares, on synthetic request records."""
 
-from azprobe.dev.drill.metrics import (AdminSample, Request, detection_s, envoy_share, mode_figures,
+from azprobe.dev.drill.metrics import (AdminSample, RequestRecord, detection_s, envoy_share, mode_figures,
                                        parse_admin, parse_records, percentile, recovery_s)
 
 AZS = ("az-a", "az-b", "az-c")
@@ -11,7 +11,7 @@ def traffic(start: float, end: float, rate: float, az_of, latency_of=lambda t, a
     out, t, i = [], start, 0
     while t < end:
         az = az_of(t, i)
-        out.append(Request(t, latency_of(t, az), status_of(t, az), az))
+        out.append(RequestRecord(t, latency_of(t, az), status_of(t, az), az))
         i += 1
         t = start + i / rate
     return out

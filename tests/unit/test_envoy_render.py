@@ -11,7 +11,8 @@ with warnings.catch_warnings():  # the generated classes trip pydantic deprecati
     from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment
     from envoy_data_plane.envoy.service.discovery.v3 import DiscoveryResponse
 
-from azprobe.consumers.envoy import (CLA_TYPE, locality_weights, parse_endpoints, render_bytes,
+from azprobe.consumers.localities import locality_weights
+from azprobe.consumers.envoy import (CLA_TYPE, parse_endpoints, render_bytes,
                            render_cluster_load_assignment, watch_decision)
 from azprobe.consumers.failover import effective_shares, failover_zones
 from azprobe.errors import ConfigError

@@ -1,61 +1,88 @@
 """Import directions of the azprobe package, read statically (ast) from every module.
 
-The package is a stack of layers; a module may import its own group and any group of a
-LOWER layer, nothing else:
-
-  0  contracts    azprobe.contracts (window, weights, sketch): imports nothing else of azprobe
-  1  foundation   azprobe (the package), azprobe.errors, azprobe.config, azprobe.bpf, and
-                  two subpackages that know no role: azprobe.clients (the HTTP transport,
-                  the agent's windows API, Consul) and azprobe.daemon (systemd notify,
-                  address files)
-  2  roles        azprobe.agent | azprobe.controller | azprobe.consumers: three separate
-                  groups, so agent and controller never import each other, and consumers
-                  (weights CLI, watcher, envoy-eds, explain) import neither
-  3  commands     azprobe.commands (cli, doctor, top, trace): the operator's top-level
-                  commands. They import downward, which includes the roles: the doctor
-                  checks an agent's or controller's config with the daemon's own parser
-                  (azprobe.agent.config, azprobe.controller.config) and compiles the probe
-                  with the agent's loader (azprobe.agent.probe), so it tests what the
-                  daemon will do, not a copy of it
-  4  dev          azprobe.dev (lab, devconsul, demo): may import anything; nothing imports it
-
-So production code (everything but azprobe.dev) never imports azprobe.dev. The CLI's lazy
-"module:attr" table in azprobe/commands/cli.py names dev tools in strings; strings are not
-imports (a node install leaves azprobe.dev out and the CLI says so).
-
-Every import statement counts, also one inside a function (a lazy import is still a
-dependency) or under `if TYPE_CHECKING:`. A module in no layer fails the check: a new
-top-level module must be placed in LAYERS below, deliberately.
+The layers are the table under "### Layers" in docs/design.md, read from there: the doc
+states the rules and this test enforces exactly what it states. A module imports its own
+group and the groups of lower layers only. Every import statement counts, also one inside
+a function (a lazy import is still a dependency) or under `if TYPE_CHECKING:`. A module
+in no layer fails, and so does a name in the table that no module of the tree has.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+DESIGN_DOC = ROOT / "docs" / "design.md"
+LAYERS_HEADING = "### Layers"
 
-# Source folder -> package name it is installed as (pyproject.toml [tool.setuptools.package-dir]).
-PACKAGE_DIRS = {"azprobe": "azprobe", "agent": "azprobe.agent", "controller": "azprobe.controller",
-                "bpf": "azprobe.bpf"}
+Layers = dict[tuple[int, str], tuple[str, ...]]  # (layer, group) -> module-name prefixes
 
-# (layer, group) -> module-name prefixes. A name belongs to the group of its longest prefix;
-# "azprobe" itself is the package's __init__ only (azprobe.newthing is in no layer).
-LAYERS: dict[tuple[int, str], tuple[str, ...]] = {
-    (0, "contracts"): ("azprobe.contracts",),
-    (1, "foundation"): ("azprobe", "azprobe.errors", "azprobe.config", "azprobe.clients", "azprobe.daemon",
-                        "azprobe.bpf"),
-    (2, "agent"): ("azprobe.agent",),
-    (2, "controller"): ("azprobe.controller",),
-    (2, "consumers"): ("azprobe.consumers",),
-    (3, "commands"): ("azprobe.commands",),
-    (4, "dev"): ("azprobe.dev",),
-}
 
+class LayerTableError(ValueError):
+    pass
+
+
+def parse_layers(doc: str) -> Layers:
+    """The first table after LAYERS_HEADING: | layer | group | modules |, the modules as
+    backquoted `azprobe...` names (other text in the cell is commentary)."""
+    _, found, rest = doc.partition("\n" + LAYERS_HEADING + "\n")
+    if not found:
+        raise LayerTableError(f"no {LAYERS_HEADING!r} heading")
+    rows = []
+    for line in rest.splitlines():
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break  # the table ended
+    if len(rows) < 3 or [c.lower() for c in rows[0]] != ["layer", "group", "modules"]:
+        raise LayerTableError(f"under {LAYERS_HEADING!r}: expected a table | layer | group | modules |")
+    layers: Layers = {}
+    owner: dict[str, str] = {}
+    for cells in rows[2:]:
+        if len(cells) != 3 or not cells[0].isdigit() or not re.fullmatch(r"[a-z]+", cells[1]):
+            raise LayerTableError(f"bad layer row {' | '.join(cells)!r}: expected | <int> | <group> | `module`, ... |")
+        layer, group = int(cells[0]), cells[1]
+        prefixes = tuple(re.findall(r"`(azprobe(?:\.[a-z_][a-z0-9_]*)*)`", cells[2]))
+        if not prefixes:
+            raise LayerTableError(f"layer row {group!r} names no `azprobe...` module")
+        if any(g == group for _, g in layers):
+            raise LayerTableError(f"group {group!r} has two rows")
+        for prefix in prefixes:
+            if prefix in owner:
+                raise LayerTableError(f"{prefix} is in two groups: {owner[prefix]} and {group}")
+            owner[prefix] = group
+        layers[(layer, group)] = prefixes
+    return layers
+
+
+@functools.cache
+def doc_layers() -> Layers:
+    """The layers docs/design.md states."""
+    try:
+        return parse_layers(DESIGN_DOC.read_text())
+    except LayerTableError as exc:
+        raise AssertionError(f"docs/design.md: {exc}") from None
+
+
+def _package_dirs() -> dict[str, str]:
+    """Source folder -> the package it is installed as (pyproject.toml's package-dir)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {folder: package for package, folder in mapping.items()}
+
+
+PACKAGE_DIRS = _package_dirs()
 # The mapped folders' own names: importing them is a bug (they are not installed).
-OLD_TOP_LEVEL = ("agent", "controller", "bpf")
+OLD_TOP_LEVEL = tuple(folder for folder in PACKAGE_DIRS if folder != "azprobe")
 
 
 @dataclass(frozen=True)
@@ -76,10 +103,11 @@ class Violation:
         return f"{self.module}:{self.line} imports {self.imported}: {self.rule}"
 
 
-def group_of(name: str) -> tuple[int, str] | None:
-    """(layer, group) of a module name, by its longest matching prefix; None if unplaced."""
+def group_of(name: str, layers: Layers | None = None) -> tuple[int, str] | None:
+    """(layer, group) of a module name, by its longest matching prefix; None if unplaced.
+    "azprobe" is the package's __init__ only (azprobe.newthing is in no layer)."""
     best: tuple[int, tuple[int, str]] | None = None
-    for key, prefixes in LAYERS.items():
+    for key, prefixes in (doc_layers() if layers is None else layers).items():
         for prefix in prefixes:
             covers = name == prefix or (prefix != "azprobe" and name.startswith(prefix + "."))
             if covers and (best is None or len(prefix) > best[0]):
@@ -108,14 +136,14 @@ def imported_names(module: Module, known: set[str]) -> Iterator[tuple[int, str]]
 
 
 def check_imports(modules: Mapping[str, Module]) -> list[Violation]:
-    """Every import that breaks the layering above (pure: module name -> source)."""
+    """Every import that breaks the layering of docs/design.md (pure: module name -> source)."""
     known = set(modules)
     violations: list[Violation] = []
     for module in modules.values():
         here = group_of(module.name)
         if here is None:
-            violations.append(Violation(module.name, 0, "-", "module is in no layer: add it to LAYERS in "
-                                        "tests/unit/test_import_directions.py"))
+            violations.append(Violation(module.name, 0, "-", "module is in no layer: name it (or a package "
+                                        "above it) in the layer table of docs/design.md"))
             continue
         for line, name in imported_names(module, known):
             top = name.split(".")[0]
@@ -167,6 +195,78 @@ def test_the_walk_reads_the_whole_package() -> None:
     assert not any(name.startswith(("agent", "controller", "bpf")) for name in modules)
     doctor_imports = {name for _, name in imported_names(modules["azprobe.commands.doctor"], set(modules))}
     assert "azprobe.controller.config" in doctor_imports  # a function-level import in the doctor
+
+
+# --- the doc's table is the rule set ---------------------------------------------------------
+
+def test_every_name_in_the_doc_is_a_module_of_the_tree() -> None:
+    """A row naming a module that no longer exists is a stale doc, not a rule."""
+    modules = set(package_modules())
+    stale = [prefix for prefixes in doc_layers().values() for prefix in prefixes
+             if not any(name == prefix or name.startswith(prefix + ".") for name in modules)]
+    assert not stale, f"docs/design.md's layer table names modules the tree does not have: {stale}"
+
+
+def test_every_module_of_the_tree_is_in_a_layer_of_the_doc() -> None:
+    unplaced = sorted(name for name in package_modules() if group_of(name) is None)
+    assert not unplaced, f"in no layer of docs/design.md: {unplaced}"
+
+
+def test_the_doc_keeps_the_stack_whole() -> None:
+    """The invariants the layers exist for, so an edit of the table cannot drop them:
+    contracts alone at the bottom, the dev tools alone at the top, and the three roles
+    side by side (so none imports another)."""
+    layers = doc_layers()
+    by_group = {group: layer for layer, group in layers}
+    assert [g for (layer, g) in layers if layer == 0] == ["contracts"]
+    top = max(layer for layer, _ in layers)
+    assert [g for (layer, g) in layers if layer == top] == ["dev"]
+    assert by_group["agent"] == by_group["controller"] == by_group["consumers"]
+    assert by_group["foundation"] < by_group["agent"] < by_group["commands"] < top
+
+
+def test_new_packages_are_placed_by_the_doc_prefixes() -> None:
+    """A module under a named package needs no edit anywhere; a new top-level one needs
+    a row (or a name in one) in the doc, never an edit of this test."""
+    assert group_of("azprobe.consumers.xds.server")[1] == "consumers"
+    assert group_of("azprobe.consumers.scheduler_extender")[1] == "consumers"
+    assert group_of("azprobe.controller.collect.store")[1] == "controller"
+    assert group_of("azprobe.clients.tls")[1] == "foundation"
+    small = parse_layers(DOC)
+    assert group_of("azprobe.tls", small) is None
+    with_tls = parse_layers(DOC.replace("`azprobe.config`", "`azprobe.config`, `azprobe.tls`"))
+    assert group_of("azprobe.tls.certs", with_tls) == (1, "foundation")
+
+
+DOC = """# x
+
+### Layers
+
+| layer | group | modules |
+|---|---|---|
+| 0 | contracts | `azprobe.contracts` |
+| 1 | foundation | `azprobe` (the `__init__` only), `azprobe.config` |
+
+### Next
+"""
+
+
+def test_the_table_is_parsed_from_the_doc() -> None:
+    assert parse_layers(DOC) == {(0, "contracts"): ("azprobe.contracts",),
+                                 (1, "foundation"): ("azprobe", "azprobe.config")}
+
+
+@pytest.mark.parametrize("doc, error", [
+    (DOC.replace("### Layers", "### Strata"), "no '### Layers' heading"),
+    (DOC.replace("| layer | group | modules |", "| layer | modules |"), "expected a table"),
+    (DOC.replace("| 1 | foundation", "| one | foundation"), "bad layer row"),
+    (DOC.replace("`azprobe.config`", "`azprobe.contracts`"), "azprobe.contracts is in two groups"),
+    (DOC.replace("`azprobe` (the `__init__` only), `azprobe.config`", "config and errors"), "names no"),
+    (DOC.replace("| 1 | foundation", "| 1 | contracts"), "group 'contracts' has two rows"),
+])
+def test_a_malformed_table_is_an_error_naming_the_row(doc: str, error: str) -> None:
+    with pytest.raises(LayerTableError, match=re.escape(error)):
+        parse_layers(doc)
 
 
 # --- the checker fails on deliberate violations ---------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from azprobe.config import Section, parse_topology
 from azprobe.errors import ConfigError
 from azprobe.dev.lab.agentconfig import render_agent_config
-from azprobe.dev.lab.faults import Fault, base_ruleset, fault_rules
+from azprobe.dev.lab.faults import Fault, base_ruleset, fault_rules, queue_number
 from azprobe.dev.lab.netns import parse_proc_net_counters
 from azprobe.dev.lab.topology import LAB_SLOTS, V4_SPACE, V6_SPACE, az_names, plan_lab, validate_name
 
@@ -100,11 +100,56 @@ def test_fault_rules_order_and_counters():
     assert fault_rules(plan, plan.zone("az-b"), None) == "flush chain inet azp fault_az_b\n"
 
 
-def test_base_ruleset_matches_each_az_by_its_server_link():
-    plan = plan_lab("azp", 0, 2, False)
+def test_base_ruleset_matches_each_az_by_its_server_links_and_each_server_by_its_own():
+    plan = plan_lab("azp", 0, 2, False, servers_per_az=2)
     text = base_ruleset(plan)
-    assert 'oifname "s-az-a" jump to_az_a' in text and 'oifname "s-az-b" jump to_az_b' in text
+    assert 'oifname "s-az-a*" jump to_az_a' in text and 'oifname "s-az-b*" jump to_az_b' in text
     assert "counter az_b_syn_loss" in text
+    assert 'oifname "s-az-b-1" jump to_host_az_b_1' in text and 'oifname "s-az-b" jump to_host_az_b_0' in text
+    # host chains come after the AZ chains: an AZ fault and a host fault both apply
+    assert text.index("jump to_az_b\n") < text.index("jump to_host_az_b_0")
+    assert "counter host_az_b_1_delay" in text
+
+
+def test_servers_have_their_own_addresses_inside_their_az_and_faults_aim_at_one():
+    plan = plan_lab("azp", 2, 3, ipv6=True, nodes_per_az=2, servers_per_az=3)
+    zone = plan.zone("az-b")
+    assert [s.ns for s in zone.servers] == ["azp-srv-az-b", "azp-srv-az-b-1", "azp-srv-az-b-2"]
+    assert plan.servers_per_az == 3 and len(plan.servers) == 9
+    addresses = [a for s in plan.servers for a in s.addresses] + [a for n in plan.client_nodes for a in n.addresses]
+    assert len(set(addresses)) == len(addresses) == 30
+    topo = parse_topology(Section(tomllib.loads(render_agent_config(plan))["topology"], "topology"))
+    for s in plan.servers:
+        assert all(ipaddress.ip_address(a) in V4_SPACE or ipaddress.ip_address(a) in V6_SPACE for a in s.addresses)
+        # the agents' topology maps every server to its own AZ
+        for a in s.addresses:
+            assert [az for az, nets in topo.items() if any(ipaddress.ip_address(a) in n for n in nets)] == [s.az]
+        assert s.link.router_ifname.startswith(zone.server_ifname_prefix.replace("az-b", s.az))
+        assert len(s.link.router_ifname) <= 15
+    assert set(plan.namespaces) >= {s.ns for s in plan.servers}
+    # server 0 keeps the addresses of a one-server lab
+    assert plan_lab("azp", 2, 3, ipv6=True).zone("az-b").servers[0].addresses == zone.servers[0].addresses
+    second = zone.servers[1]
+    assert plan.server(second.v4) == second and plan.server(second.v6.upper()) == second
+    with pytest.raises(ConfigError) as err:
+        plan.server("198.18.0.1")
+    assert err.value.field == "host" and zone.servers[1].v4 in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        plan.server("az-b")
+    assert err.value.field == "host"
+    script = fault_rules(plan, second, Fault(loss_pct=5, delay_ms=200))
+    assert script.splitlines()[0] == "flush chain inet azp fault_host_az_b_1"
+    assert 'counter name "host_az_b_1_loss" drop' in script and 'counter name "host_az_b_1_delay"' in script
+    with pytest.raises(ConfigError) as err:
+        plan_lab("azp", 0, 3, False, servers_per_az=33)
+    assert err.value.field == "servers-per-az"
+
+
+def test_every_fault_point_has_its_own_delay_queue():
+    plan = plan_lab("azp", 0, 15, False, servers_per_az=32)
+    numbers = [queue_number(z, up) for z in plan.zones for up in (False, True)]
+    numbers += [queue_number(s) for s in plan.servers]
+    assert len(set(numbers)) == len(numbers) and max(numbers) < 65536
 
 
 def test_proc_net_counters_are_named_like_nstat():
@@ -157,7 +202,7 @@ def test_uplink_faults_match_every_client_link_of_the_az():
     text = base_ruleset(plan)
     assert 'iifname "c-az-b*" jump to_from_az_b' in text and "counter from_az_b_loss" in text
     # uplink chains come first: a packet both faults match meets its uplink's fault first
-    assert text.index("jump to_from_az_a") < text.index('oifname "s-az-a" jump to_az_a')
+    assert text.index("jump to_from_az_a") < text.index('oifname "s-az-a*" jump to_az_a')
     script = fault_rules(plan, plan.zone("az-b"), Fault(loss_pct=5, delay_ms=200), uplink=True)
     assert script.splitlines()[0] == "flush chain inet azp fault_from_az_b"
     assert 'counter name "from_az_b_loss" drop' in script

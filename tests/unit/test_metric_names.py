@@ -23,7 +23,7 @@ from azprobe.contracts import prom
 from azprobe.contracts.sketch import Histogram
 from azprobe.contracts.weights import ZoneWeights
 from azprobe.contracts.window import Utilisation
-from azprobe.controller.collect import CollectCounters
+from azprobe.controller.window_source import CollectCounters
 from azprobe.controller.detector import DetectorResult
 from azprobe.controller.metrics import ControllerMetrics
 from azprobe.controller.publish import PublishCounters

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from azprobe.agent.prom import AgentCollector
 from azprobe.contracts import prom
 from azprobe.contracts.weights import ZoneWeights
-from azprobe.controller.collect import CollectCounters
+from azprobe.controller.window_source import CollectCounters
 from azprobe.controller.detector import DetectorResult
 from azprobe.controller.metrics import ControllerMetrics
 from azprobe.controller.publish import PublishCounters

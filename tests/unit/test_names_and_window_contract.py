@@ -10,7 +10,7 @@ import pytest
 
 from azprobe.agent.config import parse_agent_config
 from azprobe.contracts.window import MAX_COUNT, WindowError, is_az_name, is_node_name, parse_window, printable
-from azprobe.controller.collect import WindowStore
+from azprobe.controller.window_store import WindowStore
 from azprobe.errors import ConfigError
 from tests.fakeagent import FakeAgent, PathSpec
 

@@ -16,7 +16,7 @@ from azprobe.agent.prom import AgentCollector
 from azprobe.contracts import prom
 from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
 from azprobe.contracts.window import COUNTER_FIELDS
-from azprobe.controller.collect import AgentState
+from azprobe.controller.window_source import AgentState
 from azprobe.controller.config import parse_config
 from azprobe.controller.prom_source import AnswerStream, PrometheusCollector
 from azprobe.controller.prom_windows import (MAX_SERIES_CHARS, SERIES_NAMES, NodeSeries, PromAnswerError,

@@ -177,3 +177,48 @@ def test_rule_chain_any_input(seed):
     r = random.Random(seed)
     rules = DecisionRules(r.choice(MODELS), r.choice(quorum_configs), r.choice(safety_configs))
     run_chain(rules, random_cycles(r))
+
+
+def random_hosts(r: random.Random, zones) -> dict:
+    """A node's host sums toward the zones it judged: 0..7 servers each, shared addresses
+    (so host quorums can form), some slow or failing, some with nasty counts."""
+    from azprobe.controller.hosts import HostSums
+
+    hosts = {}
+    for dst in zones:
+        for h in range(r.randint(0, 7)):
+            rtt = [0] * 8
+            rtt[r.choice((1, 1, 1, 5, 7))] = r.choice((0, 5, 40, 2**32))
+            connects = r.choice((0, 1, 20, 2**32))
+            hosts[(dst, f"198.18.{AZS.index(dst)}.{h}")] = HostSums(
+                connects, r.choice((0, 0, 1, connects)), r.randint(0, 50), r.choice((0, 0, 3, 2**32)), rtt)
+    return hosts
+
+
+HOST_CASES = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+
+
+@HOST_CASES
+@given(SEEDS)
+def test_host_evidence_only_ever_keeps_zones_in_play(seed):
+    """Whatever the host sums, the decisions stay valid documents, and no zone's verdict is
+    worse with host evidence than without it: hosts can hold a zone in play, never drain one."""
+    r = random.Random(seed)
+    rules = DecisionRules(r.choice(MODELS), r.choice(quorum_configs), r.choice(safety_configs))
+    nodes, seen = random_fleet(r)
+    with_hosts = [NodeEvidence(n.node, n.az, n.zones, random_hosts(r, n.zones) if r.random() < 0.8 else {})
+                  for n in nodes]
+    now = 1_764_470_000.0
+    plain = decide_views(nodes, seen, rules=rules, states={}, now=now)
+    hosted = decide_views(with_hosts, seen, rules=rules, states={}, now=now)
+    assert set(plain) == set(hosted)
+    for name, view in hosted.items():
+        assert view.error is None and view.decision is not None, (name, view.error)
+        check_decision(view.decision, {}, bool(seen.get(name)) and view.judgement is not None, rules.safety)
+        if view.judgement is None:
+            continue
+        before = plain[name].judgement.verdicts
+        for dst, v in view.judgement.verdicts.items():
+            assert v.health >= before[dst].health - 1e-12 and v.share_raw >= before[dst].share_raw - 1e-300
+        assert set(view.judgement.held) <= {d for d, t in view.judgement.tallies.items() if t.quorum}

@@ -413,7 +413,7 @@ def test_all_zones_drill_is_panic_throughout_not_a_drain():
     # the fault clears: panic holds (even spread) while the zones prove themselves, then ok,
     # and at no point is a zone drained
     states = []
-    for _ in range(20):
+    for _ in range(30):  # panic_exit_s, then recover_dwell_s
         now += 1.0
         d = fleet.run(healthy, now)
         states.append(d.state)
@@ -518,7 +518,7 @@ def test_timer_config_from_section():
                                             "safety"))
     assert (cfg.recover_dwell_s, cfg.panic_exit_s, cfg.timer_slack_s) == (5.0, 20.0, 0.2)
     default = SafetyConfig()
-    assert (default.recover_dwell_s, default.panic_exit_s, default.timer_slack_s) == (3.0, 10.0, 0.1)
+    assert (default.recover_dwell_s, default.panic_exit_s, default.timer_slack_s) == (10.0, 10.0, 0.1)
     for key in ("recover_dwell_s", "panic_exit_s", "timer_slack_s"):
         with pytest.raises(ConfigError) as err:
             SafetyConfig.from_section(Section({key: -1}, "safety"))

@@ -122,6 +122,31 @@ def test_rule1_evidence(stats, health, mem, config, fresh, state, degraded):
         assert zone.raw == mem.share_raw  # the last-known-good verdict
 
 
+def test_a_flapping_zone_waits_longer_each_time_it_comes_back_sick():
+    """Degraded again within flap_window_s of recovering: the next recovery dwell grows by
+    recover_dwell_s per flap in a row, up to max_recover_dwell_s; a zone that stayed ok for
+    the whole window starts again from recover_dwell_s."""
+    config = SafetyConfig(degraded_below=0.90, recover_dwell_s=3.0, flap_window_s=60.0, max_recover_dwell_s=7.0)
+    sick, well = verdict(0.5), verdict(0.95)
+    mem = ZoneMemory(first_seen=T0 - 1000.0)
+    t, dwells = T0, []
+    for _ in range(4):  # degrade, then stay well until the zone is ok again
+        mem = assess_evidence("az-a", GOOD, sick, mem, t, config).memory
+        assert mem.degraded
+        went_well = t + 1.0
+        t = went_well
+        while True:
+            mem = assess_evidence("az-a", GOOD, well, mem, t, config).memory
+            if not mem.degraded:
+                break
+            t += 0.5
+        dwells.append(t - went_well)
+        t += 5.0  # back to sick 5 s later: a flap
+    assert dwells == [3.0, 6.0, 7.0, 7.0]
+    mem = assess_evidence("az-a", GOOD, sick, mem, t + 61.0, config).memory  # ok for longer than the window
+    assert mem.flaps == 0
+
+
 # -------------------------------------------------------------- rule 2: operator freeze
 
 @pytest.mark.parametrize(("freeze", "healths", "last", "expected"), [

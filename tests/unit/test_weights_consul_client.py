@@ -65,13 +65,13 @@ def test_env_defaults_and_flag_precedence(monkeypatch):
 
 def test_token_sources_and_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("CONSUL_HTTP_TOKEN", "env-token")
-    assert ConsulSettings.from_env().token == "env-token"
+    assert ConsulSettings.from_env().current_token() == "env-token"
     token_file = write_secret(tmp_path / "token", "file-token\n")
     monkeypatch.setenv("CONSUL_HTTP_TOKEN_FILE", str(token_file))
-    assert ConsulSettings.from_env().token == "file-token"  # a file beats a token, as in Consul
+    assert ConsulSettings.from_env().current_token() == "file-token"  # a file beats a token, as in Consul
     explicit = write_secret(tmp_path / "explicit", "explicit-token")
     section = Section({"token_file": str(explicit)}, "consul")
-    assert ConsulSettings.from_section(section).token == "explicit-token"
+    assert ConsulSettings.from_section(section).current_token() == "explicit-token"
     with pytest.raises(ConfigError, match=r"consul\.token_file: cannot read .*missing"):
         ConsulSettings.from_section(Section({"token_file": str(tmp_path / "missing")}, "consul"))
     (tmp_path / "explicit").chmod(0o640)

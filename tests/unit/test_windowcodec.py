@@ -24,7 +24,8 @@ from azprobe.contracts.windowcodec import (
     msgpack_depth_exceeds,
     negotiate,
 )
-from azprobe.controller.collect import AgentTarget, Collector
+from azprobe.controller.collect import Collector
+from azprobe.controller.window_source import AgentTarget
 from tests.controller_harness import topology
 
 

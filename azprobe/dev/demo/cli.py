@@ -32,7 +32,7 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 @click.command("demo")
 @click.option("--scenario", "scenario_name", default=DEFAULT_SCENARIO, show_default=True,
-              type=click.Choice(sorted(SCENARIOS)), help="Which fault drill to run.")
+              type=click.Choice(sorted(SCENARIOS)), help="Which fault scenario to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object on the last line.")
 @click.option("--fault-s", type=float, default=None,
               help="Length of the fault phase in seconds (default: per scenario, 20-40 s).")
@@ -45,7 +45,7 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
                    "table for static weights vs azprobe (short windows).")
 def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep: bool, name: str,
                  nodes_per_az: int, users: bool) -> None:
-    """The closed loop on this machine: lab, devconsul, agent, controller, a fault drill
+    """The closed loop on this machine: lab, devconsul, agent, controller, a fault scenario
     with a live view, recovery, teardown."""
     from azprobe.dev.demo.runner import run_demo
     from azprobe.dev.demo.view import frame, render, render_line
@@ -78,7 +78,7 @@ def demo_command(scenario_name: str, as_json: bool, fault_s: float | None, keep:
     try:
         report = None
         if users:
-            from azprobe.dev.drill.demo import run_user_demo
+            from azprobe.dev.demo.users import run_user_demo
 
             result, report = run_user_demo(scenario, fault_s=fault_s, keep=keep, tick=tick, progress=progress,
                                            lab_name=name, nodes_per_az=nodes_per_az)

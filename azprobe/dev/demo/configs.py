@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from azprobe.config import dump_toml
+from azprobe.controller.config import DEFAULT_EVALUATION_WINDOW_S
 
 
 def agent_config_for_demo(doc: Mapping[str, Any], listen: str, interval_s: float | None = None) -> str:
@@ -25,25 +26,24 @@ LEADER_PROBE_FAILURES = 1  # a silent leader probe (one per cycle) before a stan
 
 @dataclass(frozen=True)
 class ControllerPlan:
-    """What differs between the demo's controllers: everything else is the drill's."""
+    """What differs between the demo's controllers: everything else is the scenario's."""
 
     name: str
     listen: str = "127.0.0.1:0"  # /metrics and /healthz; port 0 is advertised as the port bound
 
 
 def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, agent_urls: Sequence[str],
-                      azs: Sequence[str], interval_s: float = 1.0, evaluation_window_s: float = 3.0,
+                      azs: Sequence[str], interval_s: float = 1.0, evaluation_window_s: float = DEFAULT_EVALUATION_WINDOW_S,
                       lock_delay_s: float = 2.0, session_ttl_s: float = 10.0, heartbeat_s: float = 30.0,
                       model: str = "default",
-                      min_samples: int = 20, drain_dwell_s: float | None = None,
+                      min_samples: int = 20, safety: Mapping[str, float] | None = None,
                       prometheus_url: str | None = None) -> str:
-    """A controller config (docs/contracts.md "Controller config") with short intervals, so a drill runs in seconds.
-    `azs`: the lab's AZs, the controller's [topology]. drain_dwell_s None keeps the
-    controller's default. prometheus_url: read the agents
-    through that Prometheus (agents.source = "prometheus") instead of pulling them."""
-    safety: dict[str, Any] = {"min_samples": min_samples, "heartbeat_s": heartbeat_s}
-    if drain_dwell_s is not None:
-        safety["drain_dwell_s"] = drain_dwell_s
+    """A controller config (docs/contracts.md "Controller config") with short intervals, so a scenario runs in seconds.
+    `azs`: the lab's AZs, the controller's [topology]. safety: [safety] keys to set (e.g.
+    drain_dwell_s, recover_dwell_s); every other key keeps the controller's default.
+    prometheus_url: read the agents through that Prometheus (agents.source = "prometheus")
+    instead of pulling them."""
+    safety_table: dict[str, Any] = {"min_samples": min_samples, "heartbeat_s": heartbeat_s, **(safety or {})}
     agents: dict[str, Any] = {"static": list(agent_urls), "pull_timeout_s": 0.5}
     extra: dict[str, Any] = {}
     if prometheus_url:
@@ -59,7 +59,7 @@ def controller_config(plan: ControllerPlan, *, consul_url: str, prefix: str, age
         "consul": {"address": consul_url, "prefix": prefix},
         "agents": agents,
         "model": {"name": model},
-        "safety": safety,
+        "safety": safety_table,
         "topology": {"azs": list(azs)},
         **extra,
     })

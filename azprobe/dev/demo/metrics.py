@@ -1,8 +1,8 @@
-"""Figures of a drill, computed from what Consul KV showed over time. Pure: no I/O.
+"""Figures of a scenario run, computed from what Consul KV showed over time. Pure: no I/O.
 
 Consul KV is a step function of time: the document in force at time t is the last
 generation written at or before t. Every figure is read off that step function and the
-drill's fault events, so the same code scores a live demo, an e2e test and a benchmark.
+run's fault events, so the same code scores a live demo, an e2e test and a benchmark.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class KvSample:
 
 @dataclass(frozen=True)
 class FaultEvent:
-    """A drill step as executed: action is "fault", "clear" or "kill-leader"."""
+    """A scenario step as executed: action is "fault", "clear" or "kill-leader"."""
 
     t: float
     action: str
@@ -54,7 +54,7 @@ class FaultEvent:
 
 
 @dataclass
-class DrillMetrics:
+class ScenarioMetrics:
     detect_s: float | None
     recover_s: float | None
     shares_before: dict[str, int]
@@ -64,7 +64,7 @@ class DrillMetrics:
     direction_reversals: int
     min_share_seen: int | None
     max_generation_gap: float
-    # Beyond the headline figures: what the drill saw, for tests and the summary.
+    # Beyond the headline figures: what the run saw, for tests and the summary.
     min_share_during: dict[str, int] = field(default_factory=dict)
     # After the drain and before the final clear, the highest share a sick AZ got back:
     # how far a flapping fault pulls traffic back into a zone that is still unreliable.
@@ -177,8 +177,8 @@ def compute_metrics(
     leader_events: Sequence[tuple[float, str | None]] = (),
     detect_below: int = DETECT_BELOW_SHARE,
     recover_within: int = RECOVER_WITHIN_POINTS,
-) -> DrillMetrics:
-    """Score a drill. The fault phase runs from the first "fault" event to the last
+) -> ScenarioMetrics:
+    """Score a scenario run. The fault phase runs from the first "fault" event to the last
     "clear" event; a sick AZ is one the scenario hurt. leader_events are (t, holder of
     the `leader` lock or None) changes, for the failover figures."""
     gens = distinct_generations(samples)
@@ -245,7 +245,7 @@ def compute_metrics(
             leaders.append(s.leader)
 
     all_shares = [share for s in gens for share in s.shares.values()]
-    return DrillMetrics(
+    return ScenarioMetrics(
         detect_s=detect_s,
         recover_s=recover_s,
         shares_before=baseline,

@@ -45,7 +45,7 @@ class ManagedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        """SIGKILL now (the failover drill), and reap."""
+        """SIGKILL now (the failover scenario), and reap."""
         if self.alive():
             assert self.proc is not None
             self.proc.kill()

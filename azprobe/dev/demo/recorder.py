@@ -11,6 +11,7 @@ from azprobe.clients.consul import ConsulError, ConsulSettings, KeyState, KeyWat
 from azprobe.dev.demo.metrics import KvSample
 from azprobe.contracts import bounded_json, kv
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
+from azprobe.contracts.weights_hosts import parse_hosts
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,40 @@ class KvRecorder(_KeyRecorder):
     def latest(self) -> WeightsDoc | None:
         with self._lock:
             return self._latest
+
+
+class HostsRecorder(_KeyRecorder):
+    """A timeline of (monotonic time, zone -> the addresses the sick-hosts document names
+    in its global view, worst first): every generation of `<prefix>hosts`."""
+
+    def __init__(self, consul_url: str, prefix: str) -> None:
+        super().__init__(consul_url, prefix, kv.HOSTS)
+        self._watch = KeyWatch(make_client(self.settings), self.key, wait_s=2.0, min_interval_s=0.0)
+        self._samples: list[tuple[float, dict[str, list[str]]]] = []
+
+    def _run(self) -> None:
+        self._watch.run(self._on_change, self._stop, lambda exc: log.debug("hosts recorder: %s", exc))
+
+    def _on_change(self, state: KeyState) -> None:
+        now = time.monotonic()
+        if state.value is None:
+            return
+        try:
+            doc = parse_hosts(state.value)
+        except WeightsError as exc:
+            log.warning("hosts recorder: rejected sick-hosts document: %s", exc)
+            return
+        with self._lock:
+            self._samples.append((now, {az: [h.addr for h in hosts] for az, hosts in doc.sick().items()}))
+
+    @property
+    def samples(self) -> list[tuple[float, dict[str, list[str]]]]:
+        with self._lock:
+            return list(self._samples)
+
+    def first_naming(self, addr: str, since: float) -> float | None:
+        """When the document first named `addr` at or after `since` (None: never)."""
+        return next((t for t, zones in self.samples if t >= since and any(addr in a for a in zones.values())), None)
 
 
 class LeaderRecorder(_KeyRecorder):

@@ -1,4 +1,4 @@
-"""Orchestration of the closed loop: lab, devconsul, agent, controllers, a fault drill.
+"""Orchestration of the closed loop: lab, devconsul, agent, controllers, a fault scenario.
 
 Two layers, so tests can share the expensive part:
 - `LoopStack` (context manager): lab up with traffic and several client nodes per AZ,
@@ -6,7 +6,7 @@ Two layers, so tests can share the expensive part:
   counts only its own node's sockets, though the tracepoints are global), all on loopback
   port 0 (each reports the port it bound), so the controller sees real vantage points and
   its per-node quorum has nodes to count.
-- `run_drill(stack, scenario)`: fresh controllers on a fresh KV prefix, a blocking watch
+- `run_scenario(stack, scenario)`: fresh controllers on a fresh KV prefix, a blocking watch
   recording every generation, the scenario's fault timeline, recovery, figures.
 Everything started is stopped in `finally` blocks, also on Ctrl-C and errors; children
 are stopped by pid, the lab by its own `down`.
@@ -22,7 +22,7 @@ import time
 import tomllib
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,42 +31,39 @@ from typing import Any
 from azprobe.daemon.address_file import format_host_port, wait_for_address_file
 from azprobe.dev.demo import DEMO_LAB_NAME
 from azprobe.dev.demo.configs import ControllerPlan, agent_config_for_demo, controller_config
-from azprobe.dev.demo.metrics import DrillMetrics, FaultEvent, KvSample, compute_metrics
+from azprobe.dev.demo.metrics import ScenarioMetrics, FaultEvent, KvSample, compute_metrics
 from azprobe.dev.demo.processes import ManagedProcess, azprobe_argv
 from azprobe.dev.demo.recorder import KvRecorder, LeaderRecorder
 from azprobe.dev.demo.scenarios import ALL_AZS, FaultSpec, Scenario, Step
 from azprobe.dev.demo.view import ViewState, zone_rows
 from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ
+from azprobe.agent.config import DEFAULT_INTERVAL_S
 from azprobe.commands.top import summarise
+from azprobe.controller.config import DEFAULT_EVALUATION_WINDOW_S
 from azprobe.errors import PrerequisiteError
 from azprobe.clients.agent import WindowReader
+from azprobe.contracts.weights import WeightsDoc
 from azprobe.contracts.window import Window
 
 log = logging.getLogger(__name__)
 
 LAB_NAME = DEMO_LAB_NAME
-LOCK_DELAY_S = 2.0  # short, so a failover drill takes seconds (Consul's default is 15 s)
+LOCK_DELAY_S = 2.0  # short, so a failover scenario takes seconds (Consul's default is 15 s)
 SESSION_TTL_S = 10.0  # Consul's minimum
-# The controller's default dwell (2 s) holds a freshly degraded zone's share before the
-# drain. The demo asks for one cycle of confirmation instead (still degraded at the next
-# 1 s cycle; a dwell of exactly 1 s would lose a second cycle to timing jitter), so a
-# drill shows detection in ~3 s. bench/loop.py measures both (--drain-dwell-s).
-DRAIN_DWELL_S = 0.5
-# Windows every 0.5 s: a fault shows up in a published window ~0.5 s sooner; the
-# controller still pulls every 1 s and merges a 3 s evaluation window.
-AGENT_INTERVAL_S = 0.5
+# The demo runs the shipped timings (agent windows, evaluation window, safety dwells), so a
+# scenario shows what an install does; only Consul's lock delay and TTL are shortened.
 VIEW_WINDOWS = 3  # the live view merges the agent's last 3 windows (~3 s)
-SHARES_HELD_POINTS = 5  # a drill that should move nothing: no share falls more than this
+SHARES_HELD_POINTS = 5  # a scenario that should move nothing: no share falls more than this
 
 Tick = Callable[[ViewState], None]
 
 
 @dataclass
-class DrillResult:
+class ScenarioResult:
     scenario: str
     sick_azs: list[str]
     fault_s: float
-    metrics: DrillMetrics
+    metrics: ScenarioMetrics
     samples: list[KvSample]
     events: list[FaultEvent]
     work_dir: str = ""
@@ -138,8 +135,12 @@ class LoopStack:
     """Lab (with traffic), devconsul and one agent per client node, up until close()."""
 
     def __init__(self, *, work_dir: Path | None = None, azs: int = 3, lab_name: str = LAB_NAME,
-                 keep: bool = False, nodes_per_az: int = DEFAULT_NODES_PER_AZ) -> None:
+                 keep: bool = False, nodes_per_az: int = DEFAULT_NODES_PER_AZ, servers_per_az: int = 1,
+                 agent_interval_s: float = DEFAULT_INTERVAL_S, traffic: Any = True) -> None:
         self.keep = keep
+        self.traffic = traffic  # the lab's background traffic: True (its default) or a TrafficSpec
+        self.agent_interval_s = agent_interval_s
+        self.servers_per_az = servers_per_az
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="azprobe-demo-"))
         self.azs_requested = azs
@@ -196,7 +197,7 @@ class LoopStack:
         # Lab.up removes what it built when it fails part-way, so only a lab that came
         # up needs our teardown.
         self.lab = Lab.up(LabSpec(name=self.lab_name, azs=self.azs_requested, nodes_per_az=self.nodes_per_az,
-                                  state_dir=state_dir, traffic=True))
+                                  servers_per_az=self.servers_per_az, state_dir=state_dir, traffic=self.traffic))
         if not self.keep:
             self._exit.callback(self.lab.down)
         self.azs = list(self.lab.azs)
@@ -204,7 +205,10 @@ class LoopStack:
     def _devconsul_up(self) -> None:
         from azprobe.dev.devconsul.testing import DevConsul
 
-        self.devconsul = self._exit.enter_context(DevConsul(data_dir=str(self.work_dir / "consul")))
+        # a deadline, not a pause: on a machine loaded by other labs devconsul's start takes
+        # longer than its 15 s default
+        self.devconsul = self._exit.enter_context(DevConsul(data_dir=str(self.work_dir / "consul"),
+                                                            start_timeout=60.0))
 
     @property
     def consul_url(self) -> str:
@@ -219,7 +223,7 @@ class LoopStack:
         for node in self.lab.nodes:
             node_config = tomllib.loads(Path(self.lab.node_agent_config_path(node)).read_text())
             config = configs / f"{node.name}.toml"
-            config.write_text(agent_config_for_demo(node_config, "127.0.0.1:0", interval_s=AGENT_INTERVAL_S))
+            config.write_text(agent_config_for_demo(node_config, "127.0.0.1:0", interval_s=self.agent_interval_s))
             address_files[node.name] = configs / f"{node.name}.address"
             address_files[node.name].unlink(missing_ok=True)
             agent = ManagedProcess(f"agent {node.name}",
@@ -247,28 +251,52 @@ class LoopStack:
                 poller.poll()
                 time.sleep(0.2)
 
+    def restart_agent(self, name: str, timeout_s: float = 60.0) -> float:
+        """Stop node `name`'s agent (SIGTERM) and start it again on the same address, as a
+        reboot or an upgrade of the node does; the seconds until it listened again."""
+        configs = self.work_dir / "agents"
+        config, address_file = configs / f"{name}.toml", configs / f"{name}.address"
+        listen = self.agent_urls[name].removeprefix("http://")
+        config.write_text(agent_config_for_demo(tomllib.loads(config.read_text()), listen))
+        agent = self.agents[name]
+        started = time.monotonic()
+        agent.stop()
+        address_file.unlink(missing_ok=True)
+        agent.start()
+        if wait_for_address_file(address_file, alive=agent.alive, timeout_s=timeout_s) is None:
+            agent.check_alive()
+            raise PrerequisiteError(f"agent of {name} did not listen again in time; see {agent.log_path}")
+        return round(time.monotonic() - started, 3)
+
     def fleet_poller(self) -> FleetPoller:
         return FleetPoller(list(self.agent_urls.values()))
 
     # --- faults -------------------------------------------------------------------
     def apply(self, faults: tuple[FaultSpec, ...]) -> None:
+        # Every server the step names at once (Lab.set_host_faults starts their delay
+        # lines in parallel), so "4 of 6 servers sick" never spends seconds as "1 of 6".
+        hosts = {self.lab.server_addr(az, server=spec.server): spec.fault for spec in faults
+                 if spec.server is not None for az in (self.azs if spec.az == ALL_AZS else [spec.az])}
+        if hosts:
+            self.lab.set_host_faults(hosts)
         for spec in faults:  # every AZ of one spec at once (Lab.set_faults)
-            azs = self.azs if spec.az == ALL_AZS else [spec.az]
-            self.lab.set_faults({az: spec.fault for az in azs}, uplink=spec.uplink)
+            if spec.server is None:
+                azs = self.azs if spec.az == ALL_AZS else [spec.az]
+                self.lab.set_faults({az: spec.fault for az in azs}, uplink=spec.uplink)
 
     def clear(self) -> None:
         self.lab.clear()
 
 
 @dataclass
-class _Drill:
-    """The state of one running drill (controllers, recorder, events)."""
+class _ScenarioRun:
+    """The state of one scenario run (controllers, recorder, events)."""
 
     stack: LoopStack
     scenario: Scenario
     prefix: str
     controllers: dict[str, ManagedProcess] = field(default_factory=dict)
-    killed: set[str] = field(default_factory=set)  # controllers the drill SIGKILLed itself
+    killed: set[str] = field(default_factory=set)  # controllers the run SIGKILLed itself
     events: list[FaultEvent] = field(default_factory=list)
     log_lines: list[str] = field(default_factory=list)
     fault_text: str = ""
@@ -277,7 +305,7 @@ class _Drill:
         self.log_lines.append(f"{time.strftime('%H:%M:%S')} {text}")
 
     def check_children(self) -> None:
-        """A child that died on its own ends the drill with its last log lines: figures
+        """A child that died on its own ends the run with its last log lines: figures
         from a loop with a dead part would be meaningless."""
         for agent in self.stack.agents.values():
             agent.check_alive()
@@ -307,30 +335,32 @@ def stop_strays(work_dir: Path) -> None:
         kill_pids(strays)
 
 
-def _start_controllers(drill: _Drill, exit_stack: ExitStack, drain_dwell_s: float | None,
-                       prometheus_url: str | None = None) -> None:
-    stack, scenario = drill.stack, drill.scenario
+def _start_controllers(run: _ScenarioRun, exit_stack: ExitStack, safety: Mapping[str, float] | None,
+                       prometheus_url: str | None = None,
+                       evaluation_window_s: float = DEFAULT_EVALUATION_WINDOW_S) -> None:
+    stack, scenario = run.stack, run.scenario
     for i in range(1, scenario.controllers + 1):
         plan = ControllerPlan(name=f"ctl-{i}")  # loopback port 0: nothing here needs its address
-        path = stack.work_dir / f"{drill.prefix.strip('/').replace('/', '-')}-{plan.name}.toml"
+        path = stack.work_dir / f"{run.prefix.strip('/').replace('/', '-')}-{plan.name}.toml"
         path.write_text(controller_config(
-            plan, consul_url=stack.consul_url, prefix=drill.prefix, agent_urls=list(stack.agent_urls.values()),
+            plan, consul_url=stack.consul_url, prefix=run.prefix, agent_urls=list(stack.agent_urls.values()),
             azs=stack.azs, lock_delay_s=LOCK_DELAY_S, session_ttl_s=SESSION_TTL_S,
-            heartbeat_s=scenario.heartbeat_s or 30.0, drain_dwell_s=drain_dwell_s, prometheus_url=prometheus_url))
+            heartbeat_s=scenario.heartbeat_s or 30.0, safety=safety, prometheus_url=prometheus_url,
+            evaluation_window_s=evaluation_window_s))
         proc = ManagedProcess(plan.name, azprobe_argv("controller", "--config", str(path)),
                               path.with_suffix(".log"))
         exit_stack.callback(proc.stop)  # before start(): an interrupt right after it is covered
-        drill.controllers[plan.name] = proc
+        run.controllers[plan.name] = proc
         proc.start()
 
 
-def _view_state(drill: _Drill, recorder: KvRecorder, poller: FleetPoller, phase: str, phase_t0: float,
-                metrics: DrillMetrics | None) -> ViewState:
+def _view_state(run: _ScenarioRun, recorder: KvRecorder, poller: FleetPoller, phase: str, phase_t0: float,
+                metrics: ScenarioMetrics | None) -> ViewState:
     doc = recorder.latest
-    state = ViewState(scenario=drill.scenario.name, description=drill.scenario.description, phase=phase,
-                      phase_elapsed_s=time.monotonic() - phase_t0, fault=drill.fault_text,
-                      paths=[p for p in summarise(poller.recent) if p.dst in drill.stack.azs],
-                      log=drill.log_lines[-5:])
+    state = ViewState(scenario=run.scenario.name, description=run.scenario.description, phase=phase,
+                      phase_elapsed_s=time.monotonic() - phase_t0, fault=run.fault_text,
+                      paths=[p for p in summarise(poller.recent) if p.dst in run.stack.azs],
+                      log=run.log_lines[-5:])
     if doc is not None:
         state.zones = zone_rows(doc)
         state.generation, state.doc_state, state.leader = doc.generation, doc.state, doc.leader
@@ -339,38 +369,43 @@ def _view_state(drill: _Drill, recorder: KvRecorder, poller: FleetPoller, phase:
     return state
 
 
-def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = None, prefix: str | None = None,
-              tick: Tick | None = None, baseline_timeout_s: float = 60.0, settle_s: float = 2.0,
-              recover_timeout_s: float = 60.0, drain_dwell_s: float | None = DRAIN_DWELL_S,
-              prometheus_url: str | None = None) -> DrillResult:
-    """Run one drill against a running stack; controllers and faults are gone on return.
-    drain_dwell_s None: the controller's default dwell. prometheus_url: the controllers
-    read the agent through that Prometheus instead of pulling it."""
+def run_scenario(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = None, prefix: str | None = None,
+                 tick: Tick | None = None, baseline_timeout_s: float = 60.0, settle_s: float = 2.0,
+                 recover_timeout_s: float = 60.0, safety: Mapping[str, float] | None = None,
+                 prometheus_url: str | None = None,
+                 evaluation_window_s: float = DEFAULT_EVALUATION_WINDOW_S,
+                 baseline_ready: Callable[[WeightsDoc], bool] | None = None) -> ScenarioResult:
+    """Run one scenario against a running stack; controllers and faults are gone on return.
+    safety: [safety] keys for the controllers (None: the controller's defaults, as
+    installed; a test passes shorter dwells). prometheus_url: the controllers
+    read the agent through that Prometheus instead of pulling it. baseline_ready: a
+    further condition on the healthy baseline document (a second scenario on the same
+    prefix waits for the first one's traces to go)."""
     fault_s = fault_s if fault_s is not None else scenario.default_fault_s
     timeline = scenario.timeline(fault_s)
     sick = scenario.sick_azs(stack.azs)
     prefix = prefix or f"azprobe/demo-{uuid.uuid4().hex[:8]}/"
-    drill = _Drill(stack, scenario, prefix)
+    run = _ScenarioRun(stack, scenario, prefix)
     poller = stack.fleet_poller()
     ticker = _Ticker(tick)
 
-    def current_metrics() -> DrillMetrics:
-        return compute_metrics(recorder.samples, drill.events, sick, leader_events=leaders.events)
+    def current_metrics() -> ScenarioMetrics:
+        return compute_metrics(recorder.samples, run.events, sick, leader_events=leaders.events)
 
     def show(phase: str, t0: float) -> None:
-        drill.check_children()
+        run.check_children()
         if ticker.due():
             poller.poll()
-            ticker.emit(_view_state(drill, recorder, poller, phase, t0, current_metrics()))
+            ticker.emit(_view_state(run, recorder, poller, phase, t0, current_metrics()))
 
     with ExitStack() as exit_stack:
         recorder = KvRecorder(stack.consul_url, prefix).start()
         exit_stack.callback(recorder.stop)
         leaders = LeaderRecorder(stack.consul_url, prefix).start()
         exit_stack.callback(leaders.stop)
-        _start_controllers(drill, exit_stack, drain_dwell_s, prometheus_url)
-        exit_stack.callback(stack.clear)  # a failed drill never leaves a fault behind
-        drill.note(f"{len(drill.controllers)} controller(s) started, prefix {prefix}")
+        _start_controllers(run, exit_stack, safety, prometheus_url, evaluation_window_s)
+        exit_stack.callback(stack.clear)  # a failed run never leaves a fault behind
+        run.note(f"{len(run.controllers)} controller(s) started, prefix {prefix}")
 
         # Baseline: weights in KV, every zone ok, held for settle_s.
         t0 = time.monotonic()
@@ -378,7 +413,8 @@ def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = N
         while True:
             doc = recorder.latest
             healthy = (doc is not None and doc.state == "ok" and set(stack.azs) <= set(doc.zones)
-                       and all(z.state == "ok" for z in doc.zones.values()))
+                       and all(z.state == "ok" for z in doc.zones.values())
+                       and (baseline_ready is None or baseline_ready(doc)))
             now = time.monotonic()
             ok_since = (ok_since or now) if healthy else None
             if ok_since is not None and now - ok_since >= settle_s:
@@ -389,14 +425,14 @@ def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = N
                     f"(latest: {doc.state if doc else 'nothing written'}); logs in {stack.work_dir}")
             show("baseline", t0)
             time.sleep(0.05)
-        drill.note("baseline: " + " ".join(f"{az}={z.share}" for az, z in recorder.latest.zones.items()))
+        run.note("baseline: " + " ".join(f"{az}={z.share}" for az, z in recorder.latest.zones.items()))
 
         # Fault phase: execute the timeline at its offsets.
         t0 = time.monotonic()
         pending = list(timeline)
         while pending:
             if time.monotonic() - t0 >= pending[0].at_s:
-                _execute(drill, pending.pop(0), recorder)
+                _execute(run, pending.pop(0), recorder)
                 continue
             show("fault", t0)
             time.sleep(0.02)
@@ -408,47 +444,47 @@ def run_drill(stack: LoopStack, scenario: Scenario, *, fault_s: float | None = N
         while time.monotonic() - t0 < recover_timeout_s:
             m = current_metrics()
             doc = recorder.latest
-            killed = any(e.action == "kill-leader" for e in drill.events)
+            killed = any(e.action == "kill-leader" for e in run.events)
             if ((m.recover_s is not None or not sick) and doc is not None and doc.state == "ok"
                     and (not killed or m.takeover_s is not None)):
                 break
             show("recovery", t0)
             time.sleep(0.05)
         else:
-            drill.note(f"not recovered within {recover_timeout_s:.0f} s")
+            run.note(f"not recovered within {recover_timeout_s:.0f} s")
         samples = recorder.samples
-        metrics = compute_metrics(samples, drill.events, sick, leader_events=leaders.events)
-        drill.note("done")
+        metrics = compute_metrics(samples, run.events, sick, leader_events=leaders.events)
+        run.note("done")
         if tick is not None:
-            tick(_view_state(drill, recorder, poller, "done", t0, metrics))
-    return DrillResult(scenario.name, sick, fault_s, metrics, samples, list(drill.events), str(stack.work_dir),
+            tick(_view_state(run, recorder, poller, "done", t0, metrics))
+    return ScenarioResult(scenario.name, sick, fault_s, metrics, samples, list(run.events), str(stack.work_dir),
                        leader_events=leaders.events, expect_drain=scenario.expect_drain,
                        expect_panic=scenario.expect_panic)
 
 
-def _execute(drill: _Drill, step: Step, recorder: KvRecorder) -> None:
+def _execute(run: _ScenarioRun, step: Step, recorder: KvRecorder) -> None:
     # Faults are stamped when the lab call returns: from then on the fault is in effect
     # (starting a delay line takes a moment, which is the lab's latency, not the loop's).
     started = time.monotonic()
     if step.action == "fault":
-        drill.stack.apply(step.faults)
-        drill.fault_text = "; ".join(f.describe() for f in step.faults)
+        run.stack.apply(step.faults)
+        run.fault_text = "; ".join(f.describe() for f in step.faults)
         now = time.monotonic()
-        drill.events.append(FaultEvent(now, "fault", drill.fault_text, apply_s=round(now - started, 3)))
+        run.events.append(FaultEvent(now, "fault", run.fault_text, apply_s=round(now - started, 3)))
     elif step.action == "clear":
-        drill.stack.clear()
-        drill.fault_text = ""
+        run.stack.clear()
+        run.fault_text = ""
         now = time.monotonic()
-        drill.events.append(FaultEvent(now, "clear", apply_s=round(now - started, 3)))
+        run.events.append(FaultEvent(now, "clear", apply_s=round(now - started, 3)))
     elif step.action == "kill-leader":
         doc = recorder.latest
-        name = doc.leader if doc is not None and doc.leader in drill.controllers else next(iter(drill.controllers))
-        drill.events.append(FaultEvent(started, "kill-leader", name))
-        drill.killed.add(name)
-        drill.controllers[name].kill()
-        drill.note(f"SIGKILL leader {name}")
+        name = doc.leader if doc is not None and doc.leader in run.controllers else next(iter(run.controllers))
+        run.events.append(FaultEvent(started, "kill-leader", name))
+        run.killed.add(name)
+        run.controllers[name].kill()
+        run.note(f"SIGKILL leader {name}")
         return
-    drill.note(f"{step.action}: {drill.fault_text or 'all faults cleared'}"
+    run.note(f"{step.action}: {run.fault_text or 'all faults cleared'}"
                f" (applied in {time.monotonic() - started:.1f} s)")
 
 
@@ -471,13 +507,14 @@ class _Ticker:
 
 def run_demo(scenario: Scenario, *, fault_s: float | None = None, keep: bool = False, tick: Tick | None = None,
              progress: Callable[[str], None] = lambda msg: None, lab_name: str = LAB_NAME,
-             nodes_per_az: int = DEFAULT_NODES_PER_AZ) -> DrillResult:
-    """The whole demo: stack up, one drill, stack down (always)."""
-    stack = LoopStack(keep=keep, lab_name=lab_name, nodes_per_az=nodes_per_az)
+             nodes_per_az: int = DEFAULT_NODES_PER_AZ) -> ScenarioResult:
+    """The whole demo: stack up, one scenario run, stack down (always)."""
+    stack = LoopStack(keep=keep, lab_name=lab_name, nodes_per_az=nodes_per_az,
+                      servers_per_az=scenario.servers_per_az)
     try:
         stack.start(progress)
-        progress(f"drill {scenario.name}")
-        return run_drill(stack, scenario, fault_s=fault_s, tick=tick)
+        progress(f"scenario {scenario.name}")
+        return run_scenario(stack, scenario, fault_s=fault_s, tick=tick)
     finally:
         progress("teardown" + (f" (keeping the lab and {stack.work_dir})" if keep else ""))
         stack.close()

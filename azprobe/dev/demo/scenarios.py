@@ -1,4 +1,4 @@
-"""Fault drills as data: which AZs a scenario hurts, how, and when.
+"""Fault scenarios as data: which AZs a scenario hurts, how, and when.
 
 A scenario is a pure description; `Scenario.timeline(fault_s)` expands it into the
 ordered steps the runner executes, with offsets from the start of the fault phase. The
@@ -15,7 +15,7 @@ from azprobe.errors import ConfigError
 from azprobe.dev.lab.faults import Fault
 
 # A step's action: apply a fault to an AZ, clear all faults, or SIGKILL the leading
-# controller (the failover drill).
+# controller (the failover scenario).
 Action = Literal["fault", "clear", "kill-leader"]
 
 ALL_AZS = "*"  # a FaultSpec.az meaning "every AZ of the lab"
@@ -23,17 +23,26 @@ ALL_AZS = "*"  # a FaultSpec.az meaning "every AZ of the lab"
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One fault of a drill: the lab's `Fault`, aimed at one AZ (or ALL_AZS); uplink: at
-    everything that AZ's client nodes send (`lab fault --from`), not traffic toward it."""
+    """One fault of a scenario: the lab's `Fault`, aimed at one AZ (or ALL_AZS); uplink: at
+    everything that AZ's client nodes send (`lab fault --from`), not traffic toward it;
+    server: at that one server (0-based) of the AZ only (`lab fault --host`)."""
 
     az: str
     fault: Fault
     uplink: bool = False
+    server: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.server is not None and self.uplink:
+            raise ConfigError("server", "a fault aims at one server or at an uplink, not both",
+                              "drop uplink or server")
 
     def describe(self) -> str:
         target = "every AZ" if self.az == ALL_AZS else self.az
         if self.uplink:
             target = f"uplink of {target}"
+        if self.server is not None:
+            target = f"server {self.server} of {target}"
         return f"{target}: {self.fault.describe()}"
 
 
@@ -54,22 +63,35 @@ class Scenario:
     controllers: int = 1
     # Fraction of the fault phase after which the leader is SIGKILLed (None: never).
     kill_leader_at: float | None = None
-    # Controller heartbeat (None: the controller's default). The failover drill writes
+    # Controller heartbeat (None: the controller's default). The failover scenario writes
     # every cycle (heartbeat < interval), so a gap in KV generations measures the
     # takeover, not a quiet spell.
     heartbeat_s: float | None = None
-    # What a passing drill looks like (DrillResult.checks reads these).
+    # What a passing run looks like (ScenarioResult.checks reads these).
     expect_drain: bool = True   # the sick AZ's share falls below the detect threshold
     expect_panic: bool = False  # every zone sick: spread evenly, state "panic"
     default_fault_s: float = 20.0
+    # Servers per AZ the scenario's lab needs (a fault on one server needs at least two).
+    servers_per_az: int = 1
+    # AZs whose servers the faults hit for the most part: sick as zones although every
+    # fault aims at one server (the host judgement is meant to drain them).
+    sick_zones: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in self.faults:
+            if f.server is not None and not 0 <= f.server < self.servers_per_az:
+                raise ConfigError("servers_per_az", f"scenario {self.name!r} aims at server {f.server} "
+                                  f"with {self.servers_per_az} server(s) per AZ", f"set servers_per_az > {f.server}")
 
     def sick_azs(self, lab_azs: list[str]) -> list[str]:
         """The AZs this scenario hurts as destinations, resolved against the lab's AZ
-        names (an uplink fault hurts what a source sends, no destination)."""
-        toward = [f for f in self.faults if not f.uplink]
+        names (an uplink fault hurts what a source sends, no destination; a fault on one
+        server is a sick host, not a sick AZ)."""
+        toward = [f for f in self.faults if not f.uplink and f.server is None]
         if any(f.az == ALL_AZS for f in toward):
             return list(lab_azs)
-        return [f.az for f in toward if f.az in lab_azs]
+        named = [f.az for f in toward] + [az for az in self.sick_zones if az not in {f.az for f in toward}]
+        return [az for az in named if az in lab_azs]
 
     def timeline(self, fault_s: float) -> list[Step]:
         """Ordered steps for a fault phase of fault_s seconds; always ends with a clear."""
@@ -95,7 +117,7 @@ _DELAY_LOSS_B = FaultSpec("az-b", Fault(delay_ms=200, loss_pct=5))
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("delay-loss", "the documents' chaos drill: az-b gets +200 ms and 5 % loss",
+        Scenario("delay-loss", "the documents' fault: az-b gets +200 ms and 5 % loss",
                  (_DELAY_LOSS_B,)),
         Scenario("blackhole", "az-b drops every packet (connects time out)",
                  (FaultSpec("az-b", Fault(blackhole=True)),)),
@@ -107,11 +129,19 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("uplink", "az-b's uplink (all its clients send) gets +200 ms and 5 % loss: a sick "
                  "source, no sick destination; nothing drains, no panic",
                  (FaultSpec("az-b", Fault(delay_ms=200, loss_pct=5), uplink=True),), expect_drain=False),
+        Scenario("gray-host", "one of az-b's 3 servers gets +200 ms and 5 % loss: a sick host, not a sick "
+                 "zone; az-b should stay in play",
+                 (FaultSpec("az-b", Fault(delay_ms=200, loss_pct=5), server=1),), expect_drain=False,
+                 servers_per_az=3),
+        Scenario("gray-zone", "4 of az-b's 6 servers get +200 ms and 5 % loss: the sickness spans the zone; "
+                 "az-b drains as under the documents' fault",
+                 tuple(FaultSpec("az-b", Fault(delay_ms=200, loss_pct=5), server=j) for j in range(1, 5)),
+                 servers_per_az=6, sick_zones=("az-b",)),
         Scenario("flap", "az-b's fault toggles every 5 s: hysteresis, not oscillation",
                  (_DELAY_LOSS_B,), flap_period_s=5.0, default_fault_s=30.0, expect_drain=False),
         # The kill comes once the drain is in place; the fault outlasts the takeover, so
         # the new leader must hold the drain from its warm state.
-        Scenario("controller-failover", "two controllers; the leader is SIGKILLed mid-drill",
+        Scenario("controller-failover", "two controllers; the leader is SIGKILLed mid-run",
                  (_DELAY_LOSS_B,), controllers=2, kill_leader_at=0.25, heartbeat_s=0.5, default_fault_s=40.0),
     )
 }

@@ -1,4 +1,4 @@
-"""The demo's live view: a pure function from what the drill knows now to text lines.
+"""The demo's live view: a pure function from what the scenario run knows now to text lines.
 
 Plain ANSI (no curses, no extra dependency) so it reads well in a screen recording; when
 stdout is not a terminal the runner prints `render_line` once per second instead.

@@ -740,6 +740,37 @@ async def catalog_service(request: web.Request) -> web.StreamResponse:
     return _json(instances, headers=_query_meta(request, index))
 
 
+async def health_service(request: web.Request) -> web.StreamResponse:
+    """/v1/health/service/NAME: the catalog's instances with their node's and their own
+    checks; `?passing` keeps the instances whose every check passes."""
+    _methods(request, "GET")
+    _check_dc(request)
+    store = _server(request).store
+    allowed = _server(request).acl.allowed(_identity(request))
+    name = request.match_info["name"]
+    tag = request.query.get("tag")
+    passing = "passing" in request.query
+
+    def compute() -> tuple[int, Any, tuple[str, str | None, bool]]:
+        idx, instances = store.catalog_service(name, tag, None)
+        entries = []
+        for i in instances:
+            checks = [dict(c) for (node, _cid), c in sorted(store.rows["checks"].items())
+                      if node == i["Node"] and c.get("ServiceID", "") in ("", i["ServiceID"])]
+            if passing and any(c.get("Status") != "passing" for c in checks):
+                continue
+            entries.append({"Node": {"ID": i["ID"], "Node": i["Node"], "Address": i["Address"],
+                                     "Datacenter": i["Datacenter"], "Meta": i["NodeMeta"]},
+                            "Service": {"ID": i["ServiceID"], "Service": i["ServiceName"], "Tags": i["ServiceTags"],
+                                        "Address": i["ServiceAddress"], "Port": i["ServicePort"],
+                                        "Meta": i["ServiceMeta"]},
+                            "Checks": checks})
+        return max(idx, store.table_index["checks"]), entries if allowed else [], ("services", None, True)
+
+    index, entries = await _blocking(request, compute)
+    return _json(entries, headers=_query_meta(request, index))
+
+
 async def catalog_nodes(request: web.Request) -> web.StreamResponse:
     _methods(request, "GET")
     _check_dc(request)
@@ -757,6 +788,41 @@ async def catalog_nodes(request: web.Request) -> web.StreamResponse:
 async def catalog_datacenters(request: web.Request) -> web.StreamResponse:
     _methods(request, "GET")
     return _json([_server(request).datacenter])
+
+
+def _acl_manager(request: web.Request) -> None:
+    """Consul's answers when ACLs are off (401) or the token may not write ACLs (403)."""
+    server = _server(request)
+    if not server.acl.enabled:
+        raise HTTPError(401, "ACL support disabled")
+    if _identity(request) is not Identity.MASTER:
+        raise HTTPError(403, "Permission denied: token lacks permission 'acl:write'")
+
+
+async def acl_token_create(request: web.Request) -> web.StreamResponse:
+    """PUT /v1/acl/token: a new token (SecretID from the body, else random)."""
+    _methods(request, "PUT")
+    _acl_manager(request)
+    body = await _json_object_body(request)
+    secret = _field(body, "SecretID")
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise HTTPError(400, "Invalid SecretID: must be a non-empty string")
+    try:
+        accessor, secret = _server(request).acl.create(secret)
+    except ValueError as exc:
+        raise HTTPError(500, f"Failed to create token: {exc}") from None
+    index = _server(request).store.index
+    return _json({"AccessorID": accessor, "SecretID": secret, "Description": _field(body, "Description", ""),
+                  "Policies": _field(body, "Policies") or [], "Local": False, "CreateIndex": index,
+                  "ModifyIndex": index})
+
+
+async def acl_token_delete(request: web.Request) -> web.StreamResponse:
+    """DELETE /v1/acl/token/<AccessorID>: revoked at once (Consul answers true, known or not)."""
+    _methods(request, "DELETE")
+    _acl_manager(request)
+    _server(request).acl.revoke(request.match_info["accessor"])
+    return _json(True)
 
 
 async def devconsul_debug(request: web.Request) -> web.StreamResponse:
@@ -804,7 +870,10 @@ ROUTES: list[tuple[str, Handler]] = [
     ("/v1/catalog/services", catalog_services),
     ("/v1/catalog/service/{name}", catalog_service),
     ("/v1/catalog/nodes", catalog_nodes),
+    ("/v1/health/service/{name}", health_service),
     ("/v1/catalog/datacenters", catalog_datacenters),
+    ("/v1/acl/token", acl_token_create),
+    ("/v1/acl/token/{accessor}", acl_token_delete),
     ("/v1/devconsul/debug", devconsul_debug),
 ]
 

@@ -4,6 +4,10 @@
         consul.Consul(host=dc.host, port=dc.port)
         dc.kill(); dc.start()          # crash + restart on the same port and data dir
 
+With `tls=DevConsulTls(...)` it serves HTTPS (and with verify_incoming, requires a client
+certificate), and its own requests (the readiness check, `request()`) present the
+client certificate given there.
+
 It starts `python -m azprobe.dev.devconsul` (exactly what `azprobe devconsul` runs) on
 127.0.0.1 port 0, reads the port the server bound from its --address-file (no free-port
 race with other processes) and returns once /v1/status/leader answers, so a test never
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -27,12 +32,36 @@ from types import TracebackType
 from typing import Any
 
 from azprobe.daemon.address_file import wait_for_address_file
+from azprobe.security.tls import TlsFiles, client_context
+
+
+@dataclass(frozen=True)
+class DevConsulTls:
+    """The server's certificate, key and CA (which must name 127.0.0.1), whether it
+    verifies incoming clients, and the client certificate this helper's own requests send."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    verify_incoming: bool = False
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    def args(self) -> list[str]:
+        args = ["--tls-cert-file", self.cert_file, "--tls-key-file", self.key_file, "--tls-ca-file", self.ca_file]
+        return args + (["--verify-incoming"] if self.verify_incoming else [])
+
+    def client(self) -> ssl.SSLContext:
+        return client_context(TlsFiles(self.client_cert_file, self.client_key_file, self.ca_file), "devconsul test")
 
 
 class DevConsul:
     def __init__(self, data_dir: str | Path | None = None, acl_master_token: str | None = None,
                  port: int | None = None, node_name: str = "devconsul-test",
-                 start_timeout: float = 15.0, max_conns_per_client: int = 512) -> None:
+                 start_timeout: float = 15.0, max_conns_per_client: int = 512,
+                 tls: DevConsulTls | None = None) -> None:
+        self.tls = tls
+        self._client_ctx = tls.client() if tls is not None else None
         self.host = "127.0.0.1"
         self.port = port or 0  # 0 until the first start() learns the bound port
         self.data_dir = Path(data_dir) if data_dir is not None else None
@@ -47,7 +76,7 @@ class DevConsul:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def http_addr(self) -> str:
@@ -66,7 +95,7 @@ class DevConsul:
         if self.data_dir is not None:
             cmd += ["--data-dir", str(self.data_dir)]
         cmd += ["--max-conns-per-client", str(self.max_conns_per_client)]
-        return cmd
+        return cmd + (self.tls.args() if self.tls else [])
 
     def start(self) -> "DevConsul":
         if self.proc is not None and self.proc.poll() is None:
@@ -103,7 +132,8 @@ class DevConsul:
 
     def _leader_answers(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/v1/status/leader", timeout=0.5) as resp:
+            with urllib.request.urlopen(f"{self.url}/v1/status/leader", timeout=0.5,
+                                        context=self._client_ctx) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -115,7 +145,7 @@ class DevConsul:
         data = body.encode() if isinstance(body, str) else body
         req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self._client_ctx) as resp:
                 return RawResponse(resp.status, dict(resp.headers), resp.read())
         except urllib.error.HTTPError as err:
             return RawResponse(err.code, dict(err.headers), err.read())

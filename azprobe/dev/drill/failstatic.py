@@ -18,7 +18,7 @@ from typing import Any
 from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.contracts.weights import WeightsDoc, ZoneWeights
 from azprobe.dev.demo.runner import LoopStack
-from azprobe.dev.drill.metrics import Request, time_bins
+from azprobe.dev.drill.metrics import RequestRecord, time_bins
 from azprobe.dev.drill.runner import DataPlane, DrillSpec, _hold
 from azprobe.dev.demo.scenarios import get_scenario
 
@@ -77,7 +77,7 @@ def run_fail_static(stack: LoopStack, *, drained: str = "az-b", client_az: str =
     return score_fail_static(records, drained, blackholed, started, t_black, end)
 
 
-def score_fail_static(records: list[Request], drained: str, blackholed: list[str], started: float,
+def score_fail_static(records: list[RequestRecord], drained: str, blackholed: list[str], started: float,
                       t_black: float, end: float) -> FailStaticResult:
     before = [r for r in records if started + 1.0 <= r.t < t_black]
     bins = time_bins(records, t_black, end, t_black)

@@ -31,7 +31,7 @@ OK_STATUS = 200
 
 
 @dataclass(frozen=True)
-class Request:
+class RequestRecord:
     t: float  # send time, monotonic s
     latency_ms: float
     status: int  # HTTP status; 0 client timeout, -1 connection error
@@ -45,10 +45,12 @@ class Request:
 @dataclass(frozen=True)
 class AdminSample:
     t: float
-    rq_total: dict[str, int]
+    rq_total: dict[str, int]  # zone -> Envoy's upstream requests, summed over its hosts
+    host_rq: dict[str, int] = field(default_factory=dict)  # "ip:port" -> rq_total
+    host_flags: dict[str, str] = field(default_factory=dict)  # "ip:port" -> /clusters health_flags
 
 
-def parse_records(text: str) -> list[Request]:
+def parse_records(text: str) -> list[RequestRecord]:
     """The load client's CSV lines; a torn last line (killed mid-write) is skipped."""
     out = []
     for line in text.splitlines():
@@ -56,7 +58,7 @@ def parse_records(text: str) -> list[Request]:
         if len(parts) != 4:
             continue
         try:
-            out.append(Request(float(parts[0]), float(parts[1]), int(parts[2]), parts[3]))
+            out.append(RequestRecord(float(parts[0]), float(parts[1]), int(parts[2]), parts[3]))
         except ValueError:
             continue
     return sorted(out, key=lambda r: r.t)
@@ -67,7 +69,10 @@ def parse_admin(text: str) -> list[AdminSample]:
     for line in text.splitlines():
         try:
             doc = json.loads(line)
-            out.append(AdminSample(float(doc["t"]), {az: int(z["rq_total"]) for az, z in doc["zones"].items()}))
+            hosts = doc.get("hosts", {})
+            out.append(AdminSample(float(doc["t"]), {az: int(z["rq_total"]) for az, z in doc["zones"].items()},
+                                   {h: int(v["rq_total"]) for h, v in hosts.items()},
+                                   {h: str(v["health_flags"]) for h, v in hosts.items()}))
         except (ValueError, KeyError, TypeError):
             continue
     return sorted(out, key=lambda s: s.t)
@@ -81,11 +86,11 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def in_window(requests: Iterable[Request], start: float, end: float) -> list[Request]:
+def in_window(requests: Iterable[RequestRecord], start: float, end: float) -> list[RequestRecord]:
     return [r for r in requests if start <= r.t < end]
 
 
-def share_of(requests: Sequence[Request], az: Iterable[str]) -> float | None:
+def share_of(requests: Sequence[RequestRecord], az: Iterable[str]) -> float | None:
     """The fraction of requests served by the AZs `az` (None without requests)."""
     zones = set(az)
     return sum(1 for r in requests if r.az in zones) / len(requests) if requests else None
@@ -121,7 +126,7 @@ class WindowFigures:
         return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def window_figures(requests: Sequence[Request], admin: Sequence[AdminSample], sick: Sequence[str],
+def window_figures(requests: Sequence[RequestRecord], admin: Sequence[AdminSample], sick: Sequence[str],
                    start: float, end: float, origin: float) -> WindowFigures:
     chosen = in_window(requests, start, end)
     latencies = sorted(r.latency_ms for r in chosen)
@@ -143,12 +148,12 @@ class Bin:
     shares: dict[str, float]  # AZ -> fraction of the bin's requests
 
 
-def time_bins(requests: Sequence[Request], start: float, end: float, origin: float, width: float = BIN_S,
+def time_bins(requests: Sequence[RequestRecord], start: float, end: float, origin: float, width: float = BIN_S,
               azs: Sequence[str] = ()) -> list[Bin]:
     """Consecutive bins of `width` s covering [start, end)."""
     out = []
     count = max(0, int(math.ceil((end - start) / width - 1e-9)))
-    by_bin: list[list[Request]] = [[] for _ in range(count)]
+    by_bin: list[list[RequestRecord]] = [[] for _ in range(count)]
     for r in requests:
         if start <= r.t < end:
             by_bin[min(int((r.t - start) / width), count - 1)].append(r)
@@ -178,13 +183,13 @@ def _stays_from(bins: Sequence[Bin], holds: Any, width: float = BIN_S) -> int | 
     return first
 
 
-def detection_s(requests: Sequence[Request], sick: Sequence[str], fault_start: float, fault_end: float) -> float | None:
+def detection_s(requests: Sequence[RequestRecord], sick: Sequence[str], fault_start: float, fault_end: float) -> float | None:
     bins = time_bins(requests, fault_start, fault_end, fault_start)
     i = _stays_from(bins, lambda b: sum(b.shares.get(az, 0.0) for az in sick) <= DETECT_SHARE)
     return None if i is None else bins[i].t
 
 
-def recovery_s(requests: Sequence[Request], sick: Sequence[str], clear_t: float, end: float,
+def recovery_s(requests: Sequence[RequestRecord], sick: Sequence[str], clear_t: float, end: float,
                baseline_share: float | None) -> float | None:
     if not baseline_share:
         return None
@@ -221,7 +226,7 @@ class ModeFigures:
         return doc
 
 
-def mode_figures(mode: str, requests: Sequence[Request], admin: Sequence[AdminSample], sick: Sequence[str], *,
+def mode_figures(mode: str, requests: Sequence[RequestRecord], admin: Sequence[AdminSample], sick: Sequence[str], *,
                  run_start: float, fault_start: float, fault_end: float, run_end: float, grace_s: float,
                  warmup_s: float = 1.0, azs: Sequence[str] = ()) -> ModeFigures:
     """All figures of one mode's run (see the module doc for the definitions)."""

@@ -7,8 +7,12 @@ and the scenario's fault timeline. The modes differ only in who decides Envoy's 
 - static:         equal locality weights written once; nothing updates them.
 - envoy-outlier:  the same, plus Envoy's own outlier detection (azprobe.dev.lab.envoy).
 - azprobe:        the real loop: agent -> controller -> Consul KV -> `azprobe envoy-eds
-                  --watch` -> the EDS file Envoy watches (the demo's `run_drill` drives
+                  --watch` -> the EDS file Envoy watches (the demo's `run_scenario` drives
                   the controller and the fault timeline).
+
+The door (`DrillSpec.door`) is how the weights reach Envoy: `file` (envoy-eds and a
+file, above) or `ads` (`azprobe xds serve` and Envoy's ADS over a unix socket; the static
+modes get it with a KV prefix that holds no document, so equal weights).
 
 Everything started is stopped in `finally` blocks; the lab's fault is always cleared.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +31,10 @@ from typing import Any
 from azprobe.consumers.envoy import atomic_write, parse_endpoints, render_bytes
 from azprobe.dev.demo.metrics import FaultEvent
 from azprobe.dev.demo.processes import ManagedProcess, azprobe_argv
-from azprobe.dev.demo.runner import LoopStack, run_drill
+from azprobe.dev.demo.runner import LoopStack, run_scenario
 from azprobe.dev.demo.scenarios import Scenario
 from azprobe.dev.drill.metrics import ModeFigures, mode_figures, parse_admin, parse_records
+from azprobe.dev.drill.xdsdoor import XdsDoor
 from azprobe.dev.lab import netns
 from azprobe.dev.lab.envoy import ADMIN_PORT, CLUSTER, LISTEN_PORT, EnvoyProxy
 from azprobe.dev.lab.processes import spawn_in_ns, wait_ready
@@ -37,6 +42,7 @@ from azprobe.dev.lab.topology import HTTP_PORT
 from azprobe.errors import ConfigError, PrerequisiteError
 
 MODES = ("static", "envoy-outlier", "azprobe")
+DOORS = ("file", "ads")
 HTTP_MODULE = "azprobe.dev.lab.http"
 Progress = Callable[[str], None]
 
@@ -53,8 +59,14 @@ class DrillSpec:
     rate: float = 100.0
     grace_s: float = 5.0  # "after detection" starts here in a mode that never detects
     client_az: str = "az-a"
+    door: str = "file"
+    # the azprobe mode's controllers' [safety] keys (run_scenario's `safety`); None: the
+    # controller's defaults, as installed
+    safety: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.door not in DOORS:
+            raise ConfigError("--door", f"unknown door {self.door!r}", f"choose from {','.join(DOORS)}")
         unknown = [m for m in self.modes if m not in MODES]
         if unknown or not self.modes:
             raise ConfigError("--modes", f"unknown mode(s) {', '.join(unknown) or '(none)'}",
@@ -75,7 +87,7 @@ class DrillReport:
 
     def to_json(self, with_timeline: bool = False) -> dict[str, Any]:
         return {"scenario": self.spec.scenario.name, "rate_rps": self.spec.rate, "fault_s": self.spec.fault_s,
-                "client_az": self.spec.client_az,
+                "client_az": self.spec.client_az, "door": self.spec.door,
                 "modes": {f.mode: f.to_json(with_timeline) for f in self.figures}}
 
 
@@ -90,18 +102,26 @@ class DataPlane:
         self._exit = ExitStack()
         self.envoy: EnvoyProxy | None = None
         self.eds_watch: ManagedProcess | None = None
+        self.xds: XdsDoor | None = None
 
     def start(self) -> "DataPlane":
         lab = self.stack.lab
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for stale in (self.records_path, self.admin_path, self.work_dir / "eds.json"):
             stale.unlink(missing_ok=True)  # a previous run of this mode in the same work dir
-        endpoints = {az: [f"{lab.server_addr(az)}:{HTTP_PORT}"] for az in lab.azs}
+        endpoints = {az: [f"{addr}:{HTTP_PORT}" for addr in lab.server_addrs(az)] for az in lab.azs}
         endpoints_path = self.work_dir / "endpoints.json"
         endpoints_path.write_text(json.dumps(endpoints))
-        eds = self.work_dir / "eds.json"
+        eds: Path | None = self.work_dir / "eds.json"
         try:
-            if self.prefix is None:  # static weights: equal, written once
+            if self.spec.door == "ads":
+                # a static mode reads a prefix nobody writes: equal weights
+                prefix = self.prefix or f"azprobe/drill-static-{uuid.uuid4().hex[:8]}/"
+                self.xds = XdsDoor(self.work_dir, self.stack.consul_url, prefix, endpoints, list(lab.azs))
+                self._exit.callback(self.xds.stop)
+                self.xds.start()
+                eds = None
+            elif self.prefix is None:  # static weights: equal, written once
                 atomic_write(eds, render_bytes(CLUSTER, parse_endpoints(endpoints, "endpoints"), None))
             else:
                 self.eds_watch = ManagedProcess(
@@ -113,7 +133,8 @@ class DataPlane:
                 self.eds_watch.start()
                 _wait(lambda: eds.exists(), 15.0, "envoy-eds wrote no EDS file", self.eds_watch.check_alive)
             self.envoy = EnvoyProxy(lab.client_ns(self.spec.client_az), self.work_dir, eds,
-                                    outlier_detection=self.mode == "envoy-outlier")
+                                    outlier_detection=self.mode == "envoy-outlier",
+                                    ads_socket=self.xds.socket if self.xds else None, zone=self.spec.client_az)
             self._exit.callback(self.envoy.stop)
             self.envoy.start()
             argv = netns.python_argv(HTTP_MODULE, "load", "--url", f"127.0.0.1:{LISTEN_PORT}",
@@ -133,6 +154,8 @@ class DataPlane:
             self.envoy.check_alive()
         if self.eds_watch is not None:
             self.eds_watch.check_alive()
+        if self.xds is not None:
+            self.xds.check_alive()
 
     def close(self) -> tuple[list[Any], list[Any]]:
         self._exit.close()
@@ -186,11 +209,11 @@ def run_mode(stack: LoopStack, mode: str, spec: DrillSpec, progress: Progress = 
         run_start = time.monotonic()
         progress(f"{mode}: Envoy up, {spec.rate:g} requests/s through it")
         if mode == "azprobe":
-            result = run_drill(stack, spec.scenario, fault_s=spec.fault_s, prefix=prefix)
+            result = run_scenario(stack, spec.scenario, fault_s=spec.fault_s, prefix=prefix, safety=spec.safety)
             events = result.events
             kv = result.metrics
             plane.check_alive()
-            _hold(spec.recovery_s / 2, plane.check_alive)  # let the data plane show the recovery too
+            _hold(spec.recovery_s, plane.check_alive)  # the data plane shows the recovery after KV does
         else:
             _hold(spec.baseline_s, plane.check_alive)
             events = _run_timeline(stack, spec.scenario, spec.fault_s, plane.check_alive)

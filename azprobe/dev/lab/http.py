@@ -11,8 +11,9 @@
         would slow down with the server and hide the latency users see). One record per
         request to --out (CSV: monotonic send time, latency ms, status, serving AZ);
         status 0 = client timeout, -1 = connection error. With --admin it first waits
-        until Envoy is LIVE with every host healthy, then samples Envoy's per-host request
-        counters (/clusters) to --admin-out twice a second (JSON lines).
+        until Envoy is LIVE with every host healthy, then samples Envoy's request counters
+        (/clusters) to --admin-out twice a second (JSON lines): per zone, and per host its
+        rq_total and health_flags (`/degraded_eds_health` when the EDS marks it DEGRADED).
 
 Why our own client rather than hey or wrk: the drill needs per-request timestamps and
 the serving AZ of every request (for the timeline and to cross-check Envoy's counters);
@@ -228,6 +229,25 @@ def host_counters(clusters_json: bytes, cluster: str) -> dict[str, dict[str, obj
     return zones
 
 
+def host_flags(clusters_text: bytes, cluster: str) -> dict[str, dict[str, object]]:
+    """Envoy /clusters (text: `cluster::host::stat::value` lines) -> host -> {rq_total,
+    health_flags}, the per-host view the JSON's zone sums hide."""
+    hosts: dict[str, dict[str, object]] = {}
+    for line in clusters_text.decode("utf-8", "replace").splitlines():
+        parts = line.split("::")
+        if len(parts) != 4 or parts[0] != cluster:
+            continue
+        _, host, stat, value = parts
+        if stat not in ("rq_total", "health_flags") or ":" not in host:
+            continue  # the cluster's own lines (circuit breakers, names) share the format
+        entry = hosts.setdefault(host[:64], {"rq_total": 0, "health_flags": "healthy"})
+        if stat == "rq_total" and value.isdigit():
+            entry["rq_total"] = int(value)
+        elif stat == "health_flags":
+            entry["health_flags"] = value[:200]
+    return hosts
+
+
 async def wait_envoy_ready(host: str, port: int, cluster: str, timeout_s: float) -> None:
     """Until Envoy's admin says LIVE and every host of `cluster` is healthy."""
     deadline = time.monotonic() + timeout_s
@@ -251,9 +271,11 @@ async def wait_envoy_ready(host: str, port: int, cluster: str, timeout_s: float)
 async def sample_admin(host: str, port: int, cluster: str, out: Path) -> None:
     while True:
         try:
+            t = time.monotonic()
             zones = host_counters(await http_get(host, port, "/clusters?format=json"), cluster)
+            hosts = host_flags(await http_get(host, port, "/clusters"), cluster)
             with open(out, "a") as fh:
-                fh.write(json.dumps({"t": time.monotonic(), "zones": zones}) + "\n")
+                fh.write(json.dumps({"t": t, "zones": zones, "hosts": hosts}) + "\n")
         except (OSError, TimeoutError, ValueError):
             pass  # a missed sample leaves a gap, the next one covers it
         await asyncio.sleep(0.5)

@@ -21,8 +21,10 @@ from azprobe.dev.lab import netns, state
 from azprobe.dev.lab.agentconfig import agent_listen, node_agent_listen, render_agent_config, render_node_agent_config
 from azprobe.dev.lab.faults import Fault
 from azprobe.dev.lab.processes import spawn_in_ns, wait_ready
-from azprobe.dev.lab.topology import (DEFAULT_NAME, DEFAULT_PORT, HTTP_PORT, ClientNode, LabPlan, ZonePlan, az_names,
-                                      plan_lab, validate_name, validate_nodes_per_az)
+from azprobe.dev.lab.faults import Target
+from azprobe.dev.lab.topology import (DEFAULT_NAME, DEFAULT_PORT, HTTP_PORT, ClientNode, LabPlan, ServerHost, ZonePlan,
+                                      az_names, plan_lab, validate_name, validate_nodes_per_az,
+                                      validate_servers_per_az)
 
 SCHEMA = 1
 TRAFFIC_MODULE = "azprobe.dev.lab.traffic"
@@ -74,11 +76,14 @@ class LabSpec:
     """What `Lab.up` builds. state_dir None: /run/azprobe-lab (name "azp") or
     /run/azprobe-lab-<name>. index None: the lowest free address slot. nodes_per_az:
     client nodes (namespaces, each with its own addresses and agent config) per AZ; 1
-    here keeps tests' labs small, `lab up` and the demo default to DEFAULT_NODES_PER_AZ."""
+    here keeps tests' labs small, `lab up` and the demo default to DEFAULT_NODES_PER_AZ.
+    servers_per_az: server namespaces per AZ, each with its own addresses, echo and HTTP
+    servers (more than one: faults can hit one server, `fault_host`)."""
 
     name: str = DEFAULT_NAME
     azs: int = 3
     nodes_per_az: int = 1
+    servers_per_az: int = 1
     ipv6: bool = False
     state_dir: Path | None = None
     index: int | None = None
@@ -155,6 +160,7 @@ class Lab:
         validate_name(spec.name)
         az_names(spec.azs)
         validate_nodes_per_az(spec.nodes_per_az)
+        validate_servers_per_az(spec.servers_per_az)
         for port in spec.server_ports:
             if not 1 <= port <= 65535:
                 raise ConfigError("server_ports", f"{port} is not a TCP port")
@@ -164,11 +170,12 @@ class Lab:
                               f"run `azprobe lab down --name {spec.name}` first, or pick another --name")
         index = state.claim_slot(spec.name, spec.index)
         try:
-            plan = plan_lab(spec.name, index, spec.azs, spec.ipv6, spec.nodes_per_az)
+            plan = plan_lab(spec.name, index, spec.azs, spec.ipv6, spec.nodes_per_az, spec.servers_per_az)
             doc = {"schema": SCHEMA, "name": spec.name, "index": index, "azs": spec.azs, "ipv6": spec.ipv6,
-                   "nodes_per_az": spec.nodes_per_az,
+                   "nodes_per_az": spec.nodes_per_az, "servers_per_az": spec.servers_per_az,
                    "created_at": time.time(), "server_ports": list(spec.server_ports),
-                   "processes": [], "traffic": None, "faults": {}, "uplink_faults": {}, "delay_lines": {}}
+                   "processes": [], "traffic": None, "faults": {}, "uplink_faults": {}, "host_faults": {},
+                   "delay_lines": {}}
             lab = cls(plan, state_dir, doc)
             with state.locked(state_dir):
                 netns.build(plan)
@@ -190,7 +197,9 @@ class Lab:
         sdir = Path(state_dir)
         doc = state.read_state(sdir)
         doc.setdefault("uplink_faults", {})
-        plan = plan_lab(doc["name"], doc["index"], doc["azs"], doc["ipv6"], doc.get("nodes_per_az", 1))
+        doc.setdefault("host_faults", {})
+        plan = plan_lab(doc["name"], doc["index"], doc["azs"], doc["ipv6"], doc.get("nodes_per_az", 1),
+                        doc.get("servers_per_az", 1))
         return cls(plan, sdir, doc)
 
     def down(self) -> list[str]:
@@ -243,11 +252,19 @@ class Lab:
     def server_ns(self, az: str) -> str:
         return self.zone(az).server_ns
 
-    def server_addr(self, az: str, ipv6: bool = False) -> str:
-        zone = self.zone(az)
-        if ipv6 and zone.server_v6 is None:
+    def server_addr(self, az: str, ipv6: bool = False, server: int = 0) -> str:
+        """The address of server `server` (0-based) of `az`."""
+        servers = self.zone(az).servers
+        if isinstance(server, bool) or not isinstance(server, int) or not 0 <= server < len(servers):
+            raise ConfigError("server", f"{az} has no server {server!r}", f"use 0..{len(servers) - 1}")
+        host = servers[server]
+        if ipv6 and host.v6 is None:
             raise ConfigError("ipv6", f"lab {self.name!r} has no IPv6", "bring it up with --ipv6")
-        return zone.server_v6 if ipv6 else zone.server_v4  # type: ignore[return-value]
+        return host.v6 if ipv6 else host.v4  # type: ignore[return-value]
+
+    def server_addrs(self, az: str, ipv6: bool = False) -> list[str]:
+        """The addresses of every server of `az`, server 0 first."""
+        return [self.server_addr(az, ipv6, j) for j in range(len(self.zone(az).servers))]
 
     def client_addr(self, az: str, ipv6: bool = False) -> str:
         zone = self.zone(az)
@@ -270,7 +287,22 @@ class Lab:
         """Set the faults of several AZs (one direction) at once: the delay lines start in
         parallel first, then every AZ's rules change within one nft call and a few
         iptables calls, so "every AZ degraded" never spends seconds as "one AZ degraded"."""
-        zones = [(self.zone(az), fault) for az, fault in faults.items()]
+        self._set_faults([(self.zone(az), fault) for az, fault in faults.items()], uplink)
+
+    def fault_host(self, addr: str, *, delay_ms: float = 0.0, loss_pct: float = 0.0, syn_loss_pct: float = 0.0,
+                   blackhole: bool = False, refuse: bool = False) -> Fault:
+        """Set the complete fault toward the one server that has address `addr` (every
+        address of it, IPv4 and IPv6), replacing that server's previous fault."""
+        fault = Fault(delay_ms=delay_ms, loss_pct=loss_pct, syn_loss_pct=syn_loss_pct,
+                      blackhole=blackhole, refuse=refuse)
+        self.set_host_faults({addr: fault})
+        return fault
+
+    def set_host_faults(self, faults: dict[str, Fault]) -> None:
+        """Set the faults of several servers (by address) at once, as set_faults does for AZs."""
+        self._set_faults([(self.plan.server(addr), fault) for addr, fault in faults.items()], uplink=False)
+
+    def _set_faults(self, zones: Sequence[tuple[Target, Fault]], uplink: bool) -> None:
         with state.locked(self.state_dir):
             self._reload()
             # The queue rule goes only when its delay line is bound and ready (with
@@ -283,22 +315,32 @@ class Lab:
             for zone, fault in zones:
                 if fault.delay_ms:
                     nft.set_delay_queue(self.plan, zone, enabled=True, uplink=uplink)
-                self._doc[_faults_key(uplink)][zone.az] = fault.to_json()
+                self._doc[_faults_key(zone, uplink)][_fault_name(zone)] = fault.to_json()
             state.write_state(self.state_dir, self._doc)
 
     def clear(self, az: str | None = None, *, uplink: bool | None = None) -> None:
         """Remove the faults of one AZ, or of every AZ: both directions (uplink None), only
-        toward the AZ (False) or only its uplink (True)."""
+        toward the AZ (False) or only its uplink (True). Without az and uplink, the faults
+        aimed at single servers go too."""
         zones = [self.zone(az)] if az is not None else list(self.plan.zones)
         directions = (False, True) if uplink is None else (uplink,)
+        points: list[tuple[Target, bool]] = [(zone, up) for zone in zones for up in directions]
+        if az is None and uplink is None:
+            points += [(server, False) for server in self.plan.servers]
+        self._clear(points)
+
+    def clear_host(self, addr: str) -> None:
+        """Remove the fault aimed at the server that has address `addr`."""
+        self._clear([(self.plan.server(addr), False)])
+
+    def _clear(self, points: list[tuple[Target, bool]]) -> None:
         with state.locked(self.state_dir):
             self._reload()
-            for zone in zones:
-                for up in directions:
-                    nft.set_delay_queue(self.plan, zone, enabled=False, uplink=up)
-                    nft.nft_apply(self.plan, nft.fault_rules(self.plan, zone, None, up))
-                    self._stop_delay_line(zone, up)
-                    self._doc[_faults_key(up)].pop(zone.az, None)
+            for target, up in points:
+                nft.set_delay_queue(self.plan, target, enabled=False, uplink=up)
+                self._stop_delay_line(target, up)
+                self._doc[_faults_key(target, up)].pop(_fault_name(target), None)
+            nft.nft_apply(self.plan, "".join(nft.fault_rules(self.plan, t, None, up) for t, up in points))
             state.write_state(self.state_dir, self._doc)
 
     def delay_line_stats(self, az: str, uplink: bool = False) -> dict[str, float | int] | None:
@@ -314,7 +356,18 @@ class Lab:
     def faults(self, uplink: bool = False) -> dict[str, dict[str, Any]]:
         """AZ -> fault toward it (uplink: on its uplink)."""
         self._reload()
-        return dict(self._doc[_faults_key(uplink)])
+        return dict(self._doc[_faults_key(None, uplink)])
+
+    def host_faults(self) -> dict[str, dict[str, Any]]:
+        """Server namespace -> the fault aimed at that server."""
+        self._reload()
+        return dict(self._doc["host_faults"])
+
+    def host_counters(self, addr: str | None = None) -> dict[str, Any]:
+        """nft packet counters (cumulative since `up`) toward each server, as `counters`
+        has them per AZ. With addr: {kind: packets} of that server; without: {server ns: {...}}."""
+        counts = nft.read_host_counters(self.plan)
+        return counts[self.plan.server(addr).ns] if addr is not None else counts
 
     def counters(self, az: str | None = None, uplink: bool = False) -> dict[str, Any]:
         """nft packet counters (cumulative since `up`) toward each AZ's servers (uplink:
@@ -342,11 +395,11 @@ class Lab:
             self._reload()
             self._stop_role("generator")
             targets = []
-            for zone in self.plan.zones:
+            for server in self.plan.servers:
                 if 4 in families:
-                    targets.append(f"{zone.az}={zone.server_v4}")
+                    targets.append(f"{_target_name(server)}={server.v4}")
                 if 6 in families:
-                    targets.append(f"{zone.az}/ipv6={zone.server_v6}")
+                    targets.append(f"{_target_name(server)}/ipv6={server.v6}")
             (self.state_dir / "traffic").mkdir(parents=True, exist_ok=True)
             launches = []
             for node in (n for az in clients for n in self.zone(az).clients):
@@ -368,7 +421,8 @@ class Lab:
             state.write_state(self.state_dir, self._doc)
 
     def traffic_stats(self) -> dict[str, dict[str, dict[str, int]]]:
-        """client AZ -> target ("az-b" or "az-b/ipv6") -> outcome counts of its generators
+        """client AZ -> target ("az-b" or "az-b/ipv6"; server j > 0 of an AZ: "az-b.j",
+        "az-b.j/ipv6") -> outcome counts of its generators
         (summed over the AZ's client nodes): ok, refused, timeout, reset, error (new
         connections), requests (long-lived round trips), long_lived_up. Refreshed by the
         generators twice a second."""
@@ -405,10 +459,11 @@ class Lab:
 
     def connect_probe(self, src_az: str, dst_az: str, *, count: int = 10, timeout_s: float = 1.0,
                       ipv6: bool = False, port: int | None = None, interval_s: float = 0.0,
-                      node: int = 0) -> ProbeResult:
-        """`count` sequential TCP connects from client node `node` of src_az to dst_az's
-        server; each connect() is timed on its own (an independent stopwatch for delay tests)."""
-        addr = self.server_addr(dst_az, ipv6=ipv6)
+                      node: int = 0, server: int = 0) -> ProbeResult:
+        """`count` sequential TCP connects from client node `node` of src_az to server
+        `server` of dst_az; each connect() is timed on its own (an independent stopwatch for
+        delay tests)."""
+        addr = self.server_addr(dst_az, ipv6=ipv6, server=server)
         argv = netns.python_argv(TRAFFIC_MODULE, "probe", "--addr", addr,
                                  "--port", str(port or self._doc["server_ports"][0]), "--count", str(count),
                                  "--timeout-s", str(timeout_s), "--interval-s", str(interval_s))
@@ -438,9 +493,11 @@ class Lab:
             "cidr_v4": str(self.plan.cidr_v4),
             "server_ports": self._doc["server_ports"],
             "nodes_per_az": self.plan.nodes_per_az,
+            "servers_per_az": self.plan.servers_per_az,
             "http_port": HTTP_PORT,
             "azs": {z.az: {"cidrs": z.cidrs, "server_ns": z.server_ns, "client_ns": z.client_ns,
-                           "servers": [a for a in (z.server_v4, z.server_v6) if a],
+                           "servers": [a for s in z.servers for a in s.addresses],
+                           "server_hosts": {s.ns: s.addresses for s in z.servers},
                            "clients": [a for n in z.clients for a in n.addresses],
                            "nodes": {n.name: {"addresses": n.addresses,
                                               "agent_config": str(self.node_agent_config_path(n)),
@@ -450,6 +507,7 @@ class Lab:
             "traffic": self._doc["traffic"],
             "faults": self._doc["faults"],
             "uplink_faults": self._doc["uplink_faults"],
+            "host_faults": self._doc["host_faults"],
         }
 
     def status(self) -> dict[str, Any]:
@@ -481,7 +539,7 @@ class Lab:
     def _traffic_stats_path(self, node: ClientNode) -> Path:
         return self.state_dir / "traffic" / f"{node.ns}.json"
 
-    def _delay_stats_path(self, zone: ZonePlan, uplink: bool = False) -> Path:
+    def _delay_stats_path(self, zone: Target, uplink: bool = False) -> Path:
         return self.state_dir / "logs" / f"delay-{_delay_line_key(zone, uplink)}.json"
 
     def _write_node_agent_configs(self) -> None:
@@ -506,11 +564,11 @@ class Lab:
 
     def _start_servers(self) -> None:
         ports = [a for port in self._doc["server_ports"] for a in ("--port", str(port))]
-        self._launch([("server", z.az, z.server_ns, netns.python_argv(TRAFFIC_MODULE, "server", *ports))
-                      for z in self.plan.zones]
-                     + [("http", z.az, z.server_ns, netns.python_argv(HTTP_MODULE, "server", "--port", str(HTTP_PORT),
-                                                                        "--az", z.az))
-                        for z in self.plan.zones])
+        self._launch([("server", s.az, s.ns, netns.python_argv(TRAFFIC_MODULE, "server", *ports))
+                      for s in self.plan.servers]
+                     + [("http", s.az, s.ns, netns.python_argv(HTTP_MODULE, "server", "--port", str(HTTP_PORT),
+                                                                "--az", s.az))
+                        for s in self.plan.servers])
 
     def _kill_recorded(self, pids: list[int], ns: str | None = None) -> None:
         # A recorded pid is only ours while it still lives in one of our namespaces.
@@ -524,7 +582,7 @@ class Lab:
         self._kill_recorded([p["pid"] for p in victims])
         self._doc["processes"] = [p for p in self._doc["processes"] if p["role"] != role]
 
-    def _start_delay_lines(self, lines: list[tuple[ZonePlan, float]], uplink: bool = False) -> None:
+    def _start_delay_lines(self, lines: list[tuple[Target, float]], uplink: bool = False) -> None:
         """Start one delay line per (zone, delay_ms), all at once; return when all are bound."""
         procs, logs = [], []
         for zone, delay_ms in lines:
@@ -539,20 +597,35 @@ class Lab:
             self._doc["delay_lines"][_delay_line_key(zone, uplink)] = {
                 "pid": proc.pid, "queue": nft.queue_number(zone, uplink), "delay_ms": delay_ms}
 
-    def _stop_delay_line(self, zone: ZonePlan, uplink: bool = False) -> None:
+    def _stop_delay_line(self, zone: Target, uplink: bool = False) -> None:
         line = self._doc["delay_lines"].pop(_delay_line_key(zone, uplink), None)
         if line is not None:
             self._kill_recorded([line["pid"]], self.router_ns)
 
 
 
-def _faults_key(uplink: bool) -> str:
-    """Where the state file keeps the faults of one direction."""
+def _faults_key(target: Target | None, uplink: bool) -> str:
+    """Where the state file keeps the faults of one kind of fault point."""
+    if isinstance(target, ServerHost):
+        return "host_faults"
     return "uplink_faults" if uplink else "faults"
 
 
-def _delay_line_key(zone: ZonePlan, uplink: bool) -> str:
-    """A delay line's name in the state file and its log: az-b, or from-az-b for the uplink."""
+def _fault_name(target: Target) -> str:
+    """A fault's key in its state-file section: the AZ, or the server's namespace."""
+    return target.ns if isinstance(target, ServerHost) else target.az
+
+
+def _target_name(server: ServerHost) -> str:
+    """A traffic generator's name for one server: the AZ for server 0, az-b.j after."""
+    return f"{server.az}.{server.number}" if server.number else server.az
+
+
+def _delay_line_key(zone: Target, uplink: bool) -> str:
+    """A delay line's name in the state file and its log: az-b, from-az-b for the uplink,
+    or the server's namespace for one server."""
+    if isinstance(zone, ServerHost):
+        return zone.ns
     return f"from-{zone.az}" if uplink else zone.az
 
 

@@ -169,7 +169,7 @@ def build(plan: LabPlan) -> None:
     try:
         _lo_up(router)
         for zone in plan.zones:
-            for host_ns, link in ((zone.server_ns, zone.server_link), *((n.ns, n.link) for n in zone.clients)):
+            for host_ns, link in (*((s.ns, s.link) for s in zone.servers), *((n.ns, n.link) for n in zone.clients)):
                 router.link("add", ifname=link.router_ifname, kind="veth",
                             peer={"ifname": link.host_ifname, "net_ns_fd": host_ns})
                 r_index = router.link_lookup(ifname=link.router_ifname)[0]

@@ -8,15 +8,16 @@ addresses in two labs would mix their statistics.
 Inside the /20, AZ number k (0-based) owns the /24 number k+1:
 
     198.18.0.0/15 + index*4096 + (k+1)*256
-      .0/25    server link: router .1, server .2      (namespace <name>-srv-<az>)
+      .0/25    servers, one /30 link each: server j has router .4j+1, server .4j+2
+               (namespace <name>-srv-<az> for server 0, <name>-srv-<az>-<j> after)
       .128/25  client nodes, one /30 link each: node i has router .128+4i+1, client
                .128+4i+2 (namespace <name>-cli-<az> for node 0, <name>-cli-<az>-<i> after)
 
 IPv6, AZ k of lab `index` owns the /60 2001:2:0:GGG0::/60 with GGG = index<<4 | (k+1):
-      ...:GGG0::/64 server link (router ::1, server ::2)
+      ...:GGG0::/64 servers, one /120 each: server j has router ::j01, server ::j02 (hex)
       ...:GGG1::/64 client nodes, one /120 each: node i has router ::i01, client ::i02 (hex)
 
-Node 0 keeps the addresses a one-node lab always had (.130, ::2). Every client node is a
+Node 0 and server 0 keep the addresses of a one-node, one-server lab (.130 and .2). Every client node is a
 namespace of its own with its own addresses, so one agent per node can count only its
 node's sockets (`[node] addresses`): the lab's vantage points.
 
@@ -37,6 +38,7 @@ V6_SPACE = ipaddress.IPv6Network("2001:2::/48")
 LAB_SLOTS = 32  # /20s in the /15
 MAX_AZS = 15  # /24s left in a /20 after the reserved first one
 MAX_NODES_PER_AZ = 16  # /30 client links in the /25; the BCC agents, not addresses, are the real limit
+MAX_SERVERS_PER_AZ = 32  # /30 server links in the /25
 # `lab up` and the demo: enough vantage points for the controller's production quorum
 # (>= max(3, 30 %) of the reporting nodes, over >= 2 source AZs) with one AZ's uplink
 # sick; small enough for one agent + one generator per node on a 2-core box (docs/lab.md).
@@ -82,16 +84,23 @@ class Link:
         return str(self.host_v6.ip) if self.host_v6 else None
 
 
-def validate_nodes_per_az(count: int) -> int:
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NODES_PER_AZ:
-        raise ConfigError("nodes-per-az", f"{count!r} is not a number of client nodes in 1..{MAX_NODES_PER_AZ}",
-                          "for example --nodes-per-az 3")
+def _validate_count(count: int, flag: str, what: str, most: int, example: int) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= most:
+        raise ConfigError(flag, f"{count!r} is not a number of {what} in 1..{most}", f"for example --{flag} {example}")
     return count
 
 
+def validate_nodes_per_az(count: int) -> int:
+    return _validate_count(count, "nodes-per-az", "client nodes", MAX_NODES_PER_AZ, 3)
+
+
+def validate_servers_per_az(count: int) -> int:
+    return _validate_count(count, "servers-per-az", "servers", MAX_SERVERS_PER_AZ, 2)
+
+
 @dataclass(frozen=True)
-class ClientNode:
-    """One client node of an AZ: a namespace with its own link (and addresses) to the router."""
+class LabHost:
+    """One host of an AZ: a namespace with its own link (and addresses) to the router."""
 
     az: str
     number: int  # 0-based within its AZ
@@ -100,7 +109,7 @@ class ClientNode:
 
     @property
     def name(self) -> str:
-        """The node's name (its agent's `[node] name`): its namespace's name."""
+        """The host's name (a client node's agent `[node] name`): its namespace's name."""
         return self.ns
 
     @property
@@ -117,6 +126,21 @@ class ClientNode:
 
 
 @dataclass(frozen=True)
+class ClientNode(LabHost):
+    """One client node of an AZ."""
+
+
+@dataclass(frozen=True)
+class ServerHost(LabHost):
+    """One server of an AZ."""
+
+    @property
+    def counter_prefix(self) -> str:
+        """nft object names of faults aimed at this server: host_az_b_1."""
+        return f"host_{self.az.replace('-', '_')}_{self.number}"
+
+
+@dataclass(frozen=True)
 class ZonePlan:
     """One AZ: its CIDRs, its server namespace and its client nodes."""
 
@@ -124,9 +148,23 @@ class ZonePlan:
     number: int  # 0-based position, also the delay line's NFQUEUE number minus 1
     cidr_v4: ipaddress.IPv4Network
     cidr_v6: ipaddress.IPv6Network | None
-    server_ns: str
-    server_link: Link
+    servers: tuple[ServerHost, ...]
     clients: tuple[ClientNode, ...]
+
+    @property
+    def server_ns(self) -> str:
+        """The first server's namespace (the only one in a one-server lab)."""
+        return self.servers[0].ns
+
+    @property
+    def server_link(self) -> Link:
+        return self.servers[0].link
+
+    @property
+    def server_ifname_prefix(self) -> str:
+        """Router-side names of this AZ's server links all start with this (s-az-b, s-az-b-1,
+        ...): traffic toward the AZ, as nft (`s-az-b*`) and iptables (`s-az-b+`) see it."""
+        return f"s-{self.az}"
 
     @property
     def client_ns(self) -> str:
@@ -187,7 +225,29 @@ class LabPlan:
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.router_ns] + [z.server_ns for z in self.zones] + [n.ns for n in self.client_nodes]
+        return [self.router_ns] + [s.ns for s in self.servers] + [n.ns for n in self.client_nodes]
+
+    @property
+    def servers(self) -> list[ServerHost]:
+        """Every server, AZ by AZ."""
+        return [s for z in self.zones for s in z.servers]
+
+    @property
+    def servers_per_az(self) -> int:
+        return len(self.zones[0].servers)
+
+    def server(self, addr: str) -> ServerHost:
+        """The server that has address `addr` (IPv4 or IPv6, any spelling)."""
+        try:
+            ip = ipaddress.ip_address(addr)
+        except ValueError:
+            raise ConfigError("host", f"{addr!r} is not an IP address",
+                              "give a server's address as `azprobe lab status` lists it") from None
+        for s in self.servers:
+            if any(ipaddress.ip_address(a) == ip for a in s.addresses):
+                return s
+        raise ConfigError("host", f"{addr} is no server of lab {self.name!r}",
+                          f"choose one of: {', '.join(s.v4 for s in self.servers)}")
 
     @property
     def client_nodes(self) -> list[ClientNode]:
@@ -255,10 +315,24 @@ def _client_nodes(name: str, az: str, client4: ipaddress.IPv4Network, client6: i
     return tuple(nodes)
 
 
-def plan_lab(name: str, index: int, azs: int, ipv6: bool, nodes_per_az: int = 1) -> LabPlan:
+def _servers(name: str, az: str, server4: ipaddress.IPv4Network, server6: ipaddress.IPv6Network | None,
+             count: int) -> tuple[ServerHost, ...]:
+    servers = []
+    for j in range(count):
+        net4 = ipaddress.IPv4Network((int(server4.network_address) + 4 * j, 30))
+        net6 = ipaddress.IPv6Network((int(server6.network_address) + 256 * j, 120)) if server6 else None
+        suffix = f"-{j}" if j else ""
+        servers.append(ServerHost(az=az, number=j, ns=f"{name}-srv-{az}{suffix}",
+                                  link=_link(f"s-{az}{suffix}", net4, net6)))
+    return tuple(servers)
+
+
+def plan_lab(name: str, index: int, azs: int, ipv6: bool, nodes_per_az: int = 1,
+             servers_per_az: int = 1) -> LabPlan:
     """The complete address and naming plan of one lab."""
     validate_name(name)
     validate_nodes_per_az(nodes_per_az)
+    validate_servers_per_az(servers_per_az)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < LAB_SLOTS:
         raise ConfigError("index", f"{index!r} is outside 0..{LAB_SLOTS - 1}", "leave it unset to pick a free one")
     block = lab_v4_block(index)
@@ -273,7 +347,7 @@ def plan_lab(name: str, index: int, azs: int, ipv6: bool, nodes_per_az: int = 1)
             server6, client6 = _v6_net(group, 64), _v6_net(group | 1, 64)
         zones.append(ZonePlan(
             az=az, number=k, cidr_v4=cidr4, cidr_v6=cidr6,
-            server_ns=f"{name}-srv-{az}", server_link=_link(f"s-{az}", server4, server6),
+            servers=_servers(name, az, server4, server6, servers_per_az),
             clients=_client_nodes(name, az, client4, client6, nodes_per_az),
         ))
     return LabPlan(name=name, index=index, ipv6=ipv6, zones=tuple(zones))

@@ -1,10 +1,10 @@
 """The demo's live view of user traffic: figures from the load client's records and
-Envoy's counters (azprobe.dev.drill.demo.user_view), and how the view renders them."""
+Envoy's counters (azprobe.dev.demo.users.user_view), and how the view renders them."""
 
 import json
 
 from azprobe.dev.demo.view import UserView, ViewState, render, render_line
-from azprobe.dev.drill.demo import user_view
+from azprobe.dev.demo.users import user_view
 
 
 def test_user_view_reads_the_last_seconds_and_prefers_envoys_counters(tmp_path):

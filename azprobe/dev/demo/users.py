@@ -1,4 +1,4 @@
-"""`make demo` on user traffic: the demo's drill with a real Envoy and the lab's HTTP
+"""`make demo` on user traffic: the demo's scenario run with a real Envoy and the lab's HTTP
 load in front of the loop, the users' P99, ok % and Envoy's per-AZ split in the live
 view; then the drill's table for static weights vs azprobe (short windows)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from azprobe.dev.demo.runner import LoopStack, Tick, run_drill
+from azprobe.dev.demo.runner import LoopStack, Tick, run_scenario
 from azprobe.dev.demo.scenarios import Scenario
 from azprobe.dev.lab.topology import DEFAULT_NODES_PER_AZ
 from azprobe.dev.demo.view import UserView, ViewState
@@ -46,9 +46,10 @@ def user_view(records_path: Path, admin_path: Path, azs: list[str], now: float |
 def run_user_demo(scenario: Scenario, *, fault_s: float | None, tick: Tick | None, lab_name: str,
                   keep: bool = False, progress: Callable[[str], None] = lambda m: None,
                   compare: bool = True, nodes_per_az: int = DEFAULT_NODES_PER_AZ) -> tuple[Any, DrillReport | None]:
-    """Stack up; the scenario's drill with users through Envoy; the static-vs-azprobe
-    table; stack down (always). Returns (the demo's DrillResult, the table's report)."""
-    stack = LoopStack(keep=keep, lab_name=lab_name, nodes_per_az=nodes_per_az)
+    """Stack up; the scenario run with users through Envoy; the static-vs-azprobe
+    drill's table; stack down (always). Returns (the demo's ScenarioResult, the table's report)."""
+    stack = LoopStack(keep=keep, lab_name=lab_name, nodes_per_az=nodes_per_az,
+                      servers_per_az=scenario.servers_per_az)
     try:
         stack.start(progress)
         prefix = f"azprobe/demo-{uuid.uuid4().hex[:8]}/"
@@ -63,8 +64,8 @@ def run_user_demo(scenario: Scenario, *, fault_s: float | None, tick: Tick | Non
                 if tick is not None:
                     tick(state)
 
-            progress(f"drill {scenario.name}")
-            result = run_drill(stack, scenario, fault_s=fault_s, prefix=prefix, tick=with_users)
+            progress(f"scenario {scenario.name}")
+            result = run_scenario(stack, scenario, fault_s=fault_s, prefix=prefix, tick=with_users)
         finally:
             plane.close()
         report = None
