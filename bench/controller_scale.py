@@ -62,7 +62,7 @@ from azprobe.daemon.address_file import wait_for_address_file  # noqa: E402
 from azprobe.clients.agent import pull_page  # noqa: E402
 from azprobe.clients.transport import AgentHttpClient, Endpoint, raise_file_limit  # noqa: E402
 from azprobe.controller.config import parse_config  # noqa: E402
-from azprobe.controller.main import Controller, next_tick, run_event_loop  # noqa: E402
+from azprobe.controller.main import Controller, next_start, run_event_loop  # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -96,7 +96,7 @@ async def run(controller: Controller, cycles: int, warmup: int, interval: float)
             print(f"cycle {i - warmup + 1}/{cycles}: {out.duration_s:.3f} s, cpu {cpu_per_cycle[-1]:.3f} s "
                   f"(pull {out.pull.duration_s:.3f} s, "
                   f"{out.pull.ingested} new windows, {out.pull.failed} failed)", file=sys.stderr)
-        next_at = next_tick(next_at, time.monotonic(), interval)  # the daemon's schedule
+        next_at = next_start(next_at, time.monotonic(), interval)  # the daemon's schedule
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     t = proc.cpu_times()
     cpu_s = t.user + t.system - cpu_start
@@ -218,7 +218,7 @@ async def until_connected(controller: Controller, interval: float, agent_servers
               f"{http.counters['handshakes'] - handshakes_before} handshakes, {http.counters}", file=sys.stderr)
         if out.pull.failed == 0:
             break
-        next_at = next_tick(next_at, time.monotonic(), interval)
+        next_at = next_start(next_at, time.monotonic(), interval)
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     elapsed = time.monotonic() - started
     cpu = time.process_time() - cpu_before

@@ -189,7 +189,7 @@ async def _churn(devconsul, client, prefix: str, ctl: Controller, servers, state
             step += 1
             await asyncio.sleep(INTERVAL_S)
         elapsed, cycles = time.monotonic() - started, _cycles(ctl) - cycles_at_start
-        # Every interval had its cycle (next_tick skips a tick only when a cycle overran it).
+        # Every interval had its cycle (next_start rests after an overrun, never a whole tick).
         assert cycles >= math.floor(elapsed / INTERVAL_S) - 1, (cycles, elapsed)
         # The last catalog reaches the collector: discovery's hand-over works, not just survives.
         wanted = {f"http://127.0.0.1:{server.port}" for i, (_, _, server) in enumerate(servers) if _present(step - 1, i)}

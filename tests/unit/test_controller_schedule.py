@@ -1,32 +1,49 @@
-"""Cycles run on a fixed grid of window time: an overrun skips the ticks it missed
-instead of starting the next cycle at once (docs/scale.md, "Scheduling")."""
+"""A round starts interval_s after the previous start; after an overrun, a short rest after
+it ends, never back to back and never a whole tick late (docs/scale.md, "Scheduling")."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from azprobe.controller.main import next_tick
+from azprobe.controller.main import OVERRUN_REST, next_start
 
 
 @pytest.mark.parametrize("previous, now, expected", [
-    (10.0, 10.2, 11.0),  # on time: the next tick
-    (10.0, 11.0, 11.0),  # exactly at the next tick: run it
-    (10.0, 11.3, 12.0),  # overran by 0.3 s: tick 11 is skipped, not run late
-    (10.0, 13.9, 14.0),  # overran by several ticks: still one cycle, on the grid
+    (10.0, 10.2, 11.0),  # on time: one interval after the previous start
+    (10.0, 11.0, 11.1),  # ended exactly at the next start: the rest first
+    (10.0, 11.3, 11.4),  # overran by 0.3 s: the rest, not the 12.0 tick
+    (10.0, 13.9, 14.0),  # overran by several intervals: still one round, after the rest
 ])
-def test_next_tick_stays_on_the_grid(previous, now, expected):
-    assert next_tick(previous, now, 1.0) == pytest.approx(expected)
+def test_next_start_follows_the_previous_round(previous, now, expected):
+    assert next_start(previous, now, 1.0) == pytest.approx(expected)
 
 
-def test_an_overrun_never_schedules_cycles_back_to_back():
-    start, ticks, now = 0.0, [], 0.0
-    for duration in (0.4, 2.5, 0.4, 1.7, 0.1):  # two cycles over budget
-        now += duration
-        start = next_tick(start, now, 1.0)
-        ticks.append(start)
-        now = start
-    assert all(b - a >= 1.0 for a, b in zip(ticks, ticks[1:]))
-    assert all(t == int(t) for t in ticks)  # every start on the 1 s grid
+def _rounds(schedule, count: int = 12, slow: int = 2) -> tuple[list[float], list[float]]:
+    """Round durations, and the rests after them, when a round costs 0.3 s plus 0.5 s per
+    second of windows since the previous pull (windows arrive at a steady rate), and
+    round `slow` pauses 0.6 s more."""
+    start, previous_pull, durations, rests = 0.0, -1.0, [], []
+    for i in range(count):
+        duration = 0.3 + 0.5 * (start - previous_pull) + (0.6 if i == slow else 0.0)
+        previous_pull = start
+        durations.append(duration)
+        end = start + duration
+        start = schedule(start, end, 1.0)
+        rests.append(start - end)
+    return durations, rests
+
+
+def test_one_slow_round_does_not_leave_every_later_round_over_budget():
+    def next_grid_tick(previous: float, now: float, interval: float) -> float:
+        return previous + interval * max(1, math.ceil((now - previous) / interval + 1e-9))
+
+    grid, _ = _rounds(next_grid_tick)
+    assert min(grid[5:]) > 1.0  # waiting for the next tick: twice the windows, for good
+    durations, rests = _rounds(next_start)
+    assert max(durations[5:]) < 1.0, durations  # back under budget within a few rounds
+    assert min(rests) >= OVERRUN_REST * 1.0 - 1e-9  # and never back to back
 
 
 def test_full_collections_by_time_or_by_growth(monkeypatch):
