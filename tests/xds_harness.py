@@ -17,6 +17,7 @@ from typing import Any
 
 from azprobe.config import dump_toml
 from azprobe.daemon.address_file import read_address_file
+from tests.helpers import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = {"az-a": ["198.18.1.2:8080"], "az-b": ["198.18.2.2:8080"], "az-c": ["198.18.3.2:8080"]}
@@ -105,12 +106,7 @@ class XdsProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc, timeout_s)
         return self.proc.returncode
 
 
