@@ -59,6 +59,15 @@ def test_recovery_is_when_the_share_comes_back_and_stays():
     assert recovery_s(requests, ["az-b"], 20.0, 30.0, baseline_share=None) is None
 
 
+def test_a_sliver_at_the_end_of_the_window_is_not_a_bin_of_its_own():
+    # The window ends 10 ms into a bin: its one or two requests both miss az-b. Judged alone
+    # they would read as az-b's share at 0 and undo a recovery that held for 7 s.
+    def az_of(t, i):
+        return ("az-a", "az-c")[i % 2] if t < 23.0 or t >= 30.0 else AZS[i % 3]
+    requests = traffic(20, 30.01, 100, az_of)
+    assert recovery_s(requests, ["az-b"], 20.0, 30.01, baseline_share=1 / 3) == 3.0
+
+
 def test_envoy_share_is_the_counter_delta_inside_the_window():
     admin = [AdminSample(0.0, {"az-a": 0, "az-b": 0}), AdminSample(1.0, {"az-a": 10, "az-b": 10}),
              AdminSample(2.0, {"az-a": 110, "az-b": 10})]

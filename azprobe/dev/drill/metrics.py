@@ -150,9 +150,12 @@ class Bin:
 
 def time_bins(requests: Sequence[RequestRecord], start: float, end: float, origin: float, width: float = BIN_S,
               azs: Sequence[str] = ()) -> list[Bin]:
-    """Consecutive bins of `width` s covering [start, end)."""
+    """Consecutive bins of `width` s covering [start, end). A tail shorter than `width`
+    joins the last bin: a sliver of a few requests would otherwise be judged as a bin of
+    its own, and two requests that both miss a zone read as that zone's share falling to 0."""
     out = []
-    count = max(0, int(math.ceil((end - start) / width - 1e-9)))
+    span = (end - start) / width
+    count = 0 if span <= 0 else max(1, int(math.floor(span + 1e-9)))
     by_bin: list[list[RequestRecord]] = [[] for _ in range(count)]
     for r in requests:
         if start <= r.t < end:
