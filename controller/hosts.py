@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from azprobe.contracts.stats import ZoneStats
@@ -54,6 +55,9 @@ if TYPE_CHECKING:  # quorum.py holds these records and imports this module
 
 HostKey = tuple[str, str]  # (destination AZ, address)
 MIN_HOST_VOTERS = 2  # one node never names a host
+# The order a side's median vote is taken in, zones' and hosts' alike: by health, ties by
+# node name. attrgetter, not a lambda: at 5,000 nodes the key ran 30,000 times a cycle.
+MEDIAN_ORDER = attrgetter("verdict.health", "node")
 
 
 def _bucket_value_us(index: int) -> float:
@@ -233,7 +237,7 @@ def _sick(addr: str, votes: list[_HostVote], cfg: QuorumConfig, model: Model, si
     needed = max(needed, MIN_HOST_VOTERS)
     if voters < MIN_HOST_VOTERS or len(degraded) < needed or len(degraded_sources) < sources_needed:
         return None
-    degraded.sort(key=lambda v: (v.verdict.health, v.node))
+    degraded.sort(key=MEDIAN_ORDER)
     median = degraded[(len(degraded) - 1) // 2]
     explained = model.evaluate(median.evidence)[addr]
     s = median.stats

@@ -66,7 +66,8 @@ def _clip(value: float, lo: float = 0.0, hi: float = 1.0) -> float:
 
 def decay_weight(health: float) -> float:
     """The contract's weight: exp(-2 (1 - H)), clamped into [e^-2, 1]."""
-    h = _clip(finite(health) if finite(health) is not None else 1.0)
+    h = finite(health)
+    h = 1.0 if h is None else _clip(h)
     return _clip(math.exp(-DECAY_RATE * (1.0 - h)), MIN_WEIGHT, MAX_WEIGHT)
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from azprobe.config import Section
 from azprobe.contracts.weights import MAX_INT
 from azprobe.contracts.stats import ZoneStats
-from azprobe.controller.hosts import HostKey, HostSums, ZoneHosts, node_host_votes, with_hosts
+from azprobe.controller.hosts import MEDIAN_ORDER, HostKey, HostSums, ZoneHosts, node_host_votes, with_hosts
 from azprobe.controller.models import Model, ZoneHealth, fmt
 
 
@@ -134,7 +134,7 @@ class ViewJudgement:
     held: tuple[str, ...] = ()  # zones degraded by quorum but kept in play: a minority of their hosts is sick
 
 
-@dataclass
+@dataclass(slots=True)
 class _Vote:
     node: str
     az: str
@@ -157,8 +157,8 @@ def _median_stats(votes: list[_Vote], util: float | None, samples: int) -> ZoneS
     stats = [v.stats for v in votes]
     isfinite = math.isfinite
     return ZoneStats(
-        success=_median([x for x in (z.success for z in stats) if x is not None and isfinite(x)]),
-        p95_ms=_median([x for x in (z.p95_ms for z in stats) if x is not None and isfinite(x)]),
+        success=_median([z.success for z in stats if z.success is not None and isfinite(z.success)]),
+        p95_ms=_median([z.p95_ms for z in stats if z.p95_ms is not None and isfinite(z.p95_ms)]),
         util=util,
         syn_retrans_per_conn=_median([z.syn_retrans_per_conn for z in stats if isfinite(z.syn_retrans_per_conn)]) or 0.0,
         rto_per_conn=_median([z.rto_per_conn for z in stats if isfinite(z.rto_per_conn)]) or 0.0,
@@ -197,11 +197,17 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util
         sick = []
     aside = set(sick)
     by_dst: dict[str, list[_Vote]] = {}
+    samples_by_dst: dict[str, int] = {}
     for node, votes in votes_by_node.items():
         if node in aside:
             continue
         for v in votes:
-            by_dst.setdefault(v.dst, []).append(v)
+            side = by_dst.get(v.dst)
+            if side is None:
+                side = by_dst[v.dst] = []
+                samples_by_dst[v.dst] = 0
+            side.append(v)
+            samples_by_dst[v.dst] += v.stats.samples
 
     stats: dict[str, ZoneStats] = {}
     verdicts: dict[str, ZoneHealth] = {}
@@ -215,10 +221,9 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util
         quorum = len(degraded) >= needed and len(degraded_sources) >= sources_needed and bool(degraded)
         tally = Tally(len(votes), len(degraded), needed, degraded_sources, sources_needed, quorum)
         side = degraded if quorum else [v for v in votes if not v.degraded]
-        side.sort(key=lambda v: (v.verdict.health, v.node))
+        side.sort(key=MEDIAN_ORDER)
         median = side[(len(side) - 1) // 2]
-        samples = sum(v.stats.samples for v in votes)
-        stats[dst] = _median_stats(side, util.get(dst), samples)
+        stats[dst] = _median_stats(side, util.get(dst), samples_by_dst[dst])
         explained = model.evaluate(median.evidence)[dst]  # the same verdict, with its reasons
         why = (tally.reason(), f"median node {median.node} ({median.az}): {explained.reasons[0]}",
                *explained.reasons[1:])
