@@ -32,7 +32,6 @@ from azprobe.contracts.windowcodec import COMPACT_TYPE, decode_page  # noqa: E40
 from azprobe.controller.config import parse_config  # noqa: E402
 from azprobe.controller.gcpace import pace_gc  # noqa: E402
 from azprobe.controller.main import Controller  # noqa: E402
-from azprobe.controller.merge import failures_by_zone, merge_windows  # noqa: E402
 from bench.controller_scale import quantile  # noqa: E402
 from tests.fakeagent import _BulkAgents  # noqa: E402
 
@@ -76,10 +75,7 @@ def run(agents: int, rounds: int, warmup: int) -> dict:
         for cursor, page in zip(cursors, pages):
             collector.ingest(cursor, page, now)
         marks.append(time.process_time())
-        new = collector.take_new()
-        windows = collector.store.merge_input()
-        merged = merge_windows(windows, now=max(w.end for w in windows), evaluation_window_s=1e12)
-        spikes = decider.detectors.update(now, failures_by_zone(new), zones=list(merged.zones))
+        merged, spikes = decider.merge(now)
         marks.append(time.process_time())
         decider.decide(merged, spikes, now, controller.handover.take_inputs().controls.controls)
         marks.append(time.process_time())

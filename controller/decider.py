@@ -72,15 +72,8 @@ class Decider:
         if inputs.targets is not None:
             self.collector.set_targets(inputs.targets)
         pull = await self.collector.pull_all()
-        new_windows = self.collector.take_new()
-        windows = self.collector.store.merge_input()
-        # The store already holds just the evaluation window (by skew-corrected arrival
-        # time, pre-combined per slot and AZ), so merge's own wall-clock filter is widened
-        # to take it all.
-        newest = max((w.end for w in windows), default=0.0)
-        merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
         now = self.wall()
-        spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
+        merged, spikes = self.merge(now)
         views, judgements = self.decide(merged, spikes, now, inputs.controls.controls)
         if views.get(GLOBAL_VIEW) is not None:
             self.handover.offer_views(views)
@@ -89,6 +82,19 @@ class Decider:
         duration = time.monotonic() - started
         self._observe(pull, spikes, duration)
         return CycleOutcome(pull, merged, views, spikes, duration, judgements)
+
+    def merge(self, now: float) -> tuple[MergedView, dict[str, DetectorResult]]:
+        """The store's evaluation window merged, and the spike detector fed the windows
+        that arrived since the last call."""
+        new_windows = self.collector.take_new()
+        windows = self.collector.store.merge_input()
+        # The store already holds just the evaluation window (by skew-corrected arrival
+        # time, pre-combined per slot and AZ), so merge's own wall-clock filter is widened
+        # to take it all.
+        newest = max((w.end for w in windows), default=0.0)
+        merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
+        spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
+        return merged, spikes
 
     def evidence(self, merged: MergedView) -> list[NodeEvidence]:
         """Each vantage point's own evidence over the evaluation window (the store's per-node sums)."""
