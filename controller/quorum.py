@@ -197,17 +197,11 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util
         sick = []
     aside = set(sick)
     by_dst: dict[str, list[_Vote]] = {}
-    samples_by_dst: dict[str, int] = {}
     for node, votes in votes_by_node.items():
         if node in aside:
             continue
         for v in votes:
-            side = by_dst.get(v.dst)
-            if side is None:
-                side = by_dst[v.dst] = []
-                samples_by_dst[v.dst] = 0
-            side.append(v)
-            samples_by_dst[v.dst] += v.stats.samples
+            by_dst.setdefault(v.dst, []).append(v)
 
     stats: dict[str, ZoneStats] = {}
     verdicts: dict[str, ZoneHealth] = {}
@@ -223,7 +217,8 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util
         side = degraded if quorum else [v for v in votes if not v.degraded]
         side.sort(key=MEDIAN_ORDER)
         median = side[(len(side) - 1) // 2]
-        stats[dst] = _median_stats(side, util.get(dst), samples_by_dst[dst])
+        samples = sum(v.stats.samples for v in votes)
+        stats[dst] = _median_stats(side, util.get(dst), samples)
         explained = model.evaluate(median.evidence)[dst]  # the same verdict, with its reasons
         why = (tally.reason(), f"median node {median.node} ({median.az}): {explained.reasons[0]}",
                *explained.reasons[1:])
