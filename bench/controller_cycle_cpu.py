@@ -28,34 +28,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from azprobe.clients.transport import MAX_BODY_BYTES  # noqa: E402
 from azprobe.contracts.windowcodec import COMPACT_TYPE, decode_page  # noqa: E402
-from azprobe.controller.config import parse_config  # noqa: E402
 from azprobe.controller.gcpace import pace_gc  # noqa: E402
 from azprobe.controller.main import Controller  # noqa: E402
-from bench.controller_scale import quantile  # noqa: E402
+from bench.controller_scale import BENCH_AZS, bench_config, quantile  # noqa: E402
 from tests.fakeagent import _BulkAgents  # noqa: E402
 
-AZS = ["az-a", "az-b", "az-c"]
 INTERVAL_S = 1.0
-MAX_PAGE_BYTES = 1 << 20
 PHASES = ("decode", "prune", "ingest", "merge", "decide")
 
 
-def controller_for(agents: int) -> Controller:
-    """A controller with the bench's settings (bench/controller_scale.py); nothing is ever pulled."""
-    return Controller(parse_config({
-        "controller": {"name": "bench", "interval_s": INTERVAL_S, "evaluation_window_s": 5.0,
-                       "listen": "127.0.0.1:0"},
-        "consul": {"address": "http://127.0.0.1:1"},
-        "agents": {"static": [f"http://127.0.0.1:9/a/{i}" for i in range(agents)]},
-        "topology": {"azs": AZS},
-    }))
-
-
 def run(agents: int, rounds: int, warmup: int) -> dict:
-    controller = controller_for(agents)
+    # bench/controller_scale.py's controller; its agents are never pulled (port 9: discard)
+    controller = Controller(bench_config([f"http://127.0.0.1:9/a/{i}" for i in range(agents)], INTERVAL_S))
     collector, decider = controller.collector, controller.decider
-    fakes = _BulkAgents(agents, AZS, INTERVAL_S, attempts=50)
+    fakes = _BulkAgents(agents, BENCH_AZS, INTERVAL_S, attempts=50)
     cursors = list(collector.cursors.values())
     base = time.time()
     pace_gc()  # as run_event_loop does for the daemon
@@ -68,7 +56,7 @@ def run(agents: int, rounds: int, warmup: int) -> dict:
         fakes.started = time.time() - (index + 1) * INTERVAL_S
         bodies = [fakes.body(key, cursor.last_seq, compact=True) for key, cursor in enumerate(cursors)]
         marks = [time.process_time()]
-        pages = [decode_page(body, COMPACT_TYPE, max_bytes=MAX_PAGE_BYTES) for body in bodies]
+        pages = [decode_page(body, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES) for body in bodies]
         marks.append(time.process_time())
         collector.store.prune(now)
         marks.append(time.process_time())

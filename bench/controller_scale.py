@@ -61,8 +61,22 @@ sys.path.insert(0, str(ROOT))
 from azprobe.daemon.address_file import wait_for_address_file  # noqa: E402
 from azprobe.clients.agent import pull_page  # noqa: E402
 from azprobe.clients.transport import AgentHttpClient, Endpoint, raise_file_limit  # noqa: E402
-from azprobe.controller.config import parse_config  # noqa: E402
+from azprobe.controller.config import ControllerConfig, parse_config  # noqa: E402
 from azprobe.controller.main import Controller, next_start, run_event_loop  # noqa: E402
+
+
+BENCH_AZS = ["az-a", "az-b", "az-c"]  # the fake agents' --azs default
+
+
+def bench_config(urls: list[str], interval_s: float, **agents: object) -> ControllerConfig:
+    """The benches' controller: `urls` as its static agents, `agents` more [agents] keys."""
+    return parse_config({
+        "controller": {"name": "bench", "interval_s": interval_s, "evaluation_window_s": 5.0,
+                       "listen": "127.0.0.1:9741"},
+        "consul": {"address": "http://127.0.0.1:1"},  # never contacted: the benches run cycles only
+        "agents": {"static": urls, **agents},
+        "topology": {"azs": BENCH_AZS},
+    })
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -277,14 +291,8 @@ def main() -> None:
     else:
         servers, urls = start_fake_agents(args, env, address_file)
     try:
-        config = parse_config({
-            "controller": {"name": "bench", "interval_s": args.interval, "evaluation_window_s": 5.0,
-                           "listen": "127.0.0.1:9741"},
-            "consul": {"address": "http://127.0.0.1:1"},  # never contacted: the bench runs cycles only
-            "agents": {"static": urls, "pull_timeout_s": 0.8,
-                       **({"tls": agents_tls, "identity": BENCH_IDENTITY} if agents_tls else {})},
-            "topology": {"azs": ["az-a", "az-b", "az-c"]},  # the fake agents' --azs default
-        })
+        config = bench_config(urls, args.interval, pull_timeout_s=0.8,
+                              **({"tls": agents_tls, "identity": BENCH_IDENTITY} if agents_tls else {}))
         raise_file_limit()  # as the daemon does, before the collector sizes its pool
         controller = Controller(config)
         if args.tls:
