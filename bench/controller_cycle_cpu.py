@@ -5,7 +5,7 @@ controller (Collector, WindowStore, Decider) the pages the bulk fake agents serv
 (tests/fakeagent.py, compact encoding), already read off the wire, for `--agents` agents
 over `--rounds` rounds, each round one interval later than the last. It times, in CPU
 seconds of this process, each phase of a cycle: decoding the pages, pruning the store,
-ingesting the windows, the merge (with the spike detector's input), and the decision
+ingesting the windows, the survey (the zones seen, and the spike detector fed), and the decision
 (every node's evidence, the quorum's four views, safety). The work of every round after
 the warmup is the same, so the spread between the fastest and the slowest round is the
 box's, not the controller's.
@@ -36,7 +36,7 @@ from bench.controller_scale import BENCH_AZS, bench_config, quantile  # noqa: E4
 from tests.fakeagent import _BulkAgents  # noqa: E402
 
 INTERVAL_S = 1.0
-PHASES = ("decode", "prune", "ingest", "merge", "decide")
+PHASES = ("decode", "prune", "ingest", "survey", "decide")
 
 
 def run(agents: int, rounds: int, warmup: int) -> dict:
@@ -63,9 +63,9 @@ def run(agents: int, rounds: int, warmup: int) -> dict:
         for cursor, page in zip(cursors, pages):
             collector.ingest(cursor, page, now)
         marks.append(time.process_time())
-        merged, spikes = decider.merge(now)
+        seen, spikes = decider.survey(now)
         marks.append(time.process_time())
-        decider.decide(merged, spikes, now, controller.handover.take_inputs().controls.controls)
+        decider.decide(seen, spikes, now, controller.handover.take_inputs().controls.controls)
         marks.append(time.process_time())
         if index >= warmup:
             for phase, before, after in zip(PHASES, marks, marks[1:]):

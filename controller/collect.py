@@ -110,7 +110,6 @@ class Collector:
         topology: Topology,
         cycle_budget_s: float | None = None,
         concurrency: int = 128,
-        slot_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         token: str = "",
         max_body_bytes: int = MAX_BODY_BYTES,
@@ -124,7 +123,7 @@ class Collector:
         self.cycle_budget_s = cycle_budget_s if cycle_budget_s is not None else max(pull_timeout_s * 2, 1.0)
         self.concurrency = concurrency
         self.clock = clock
-        self.store = WindowStore(evaluation_window_s, slot_s)
+        self.store = WindowStore(evaluation_window_s)
         self.identities = Identities(self._forget_time(forget_after_s))
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()

@@ -1,5 +1,5 @@
 """The deciding side of the controller, on the event loop, every interval_s: pull all
-agents -> merge the evaluation window -> spike detector -> quorum + safety rules
+agents -> the zones seen -> spike detector -> quorum + safety rules
 (controller/decide.py, one SafetyState per view: the global view and each
 weights/from/<src AZ>) -> the views to publish. It runs on every controller, leader or
 not, so a standby that takes over starts warm.
@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from azprobe.contracts.stats import ZoneStats
 from azprobe.controller.decide import GLOBAL_VIEW, DecisionRules, decide_views
 from azprobe.controller.detector import DetectorResult, ZoneSpikeDetectors
 from azprobe.controller.gcpace import FullCollections
 from azprobe.controller.handover import Handover
-from azprobe.controller.merge import MergedView, failures_by_zone, merge_windows
+from azprobe.controller.merge import ZonesSeen, failures_by_zone
 from azprobe.controller.metrics import ControllerMetrics
 from azprobe.controller.publish import WeightsView
 from azprobe.controller.hosts import sick_entries
@@ -35,7 +36,7 @@ log = logging.getLogger("azprobe.controller")
 @dataclass
 class CycleOutcome:
     pull: PullResult
-    merged: MergedView
+    seen: ZonesSeen
     views: dict[str, WeightsView]
     spikes: dict[str, DetectorResult]
     duration_s: float
@@ -73,42 +74,37 @@ class Decider:
             self.collector.set_targets(inputs.targets)
         pull = await self.collector.pull_all()
         now = self.wall()
-        merged, spikes = self.merge(now)
-        views, judgements = self.decide(merged, spikes, now, inputs.controls.controls)
+        seen, spikes = self.survey(now)
+        views, judgements = self.decide(seen, spikes, now, inputs.controls.controls)
         if views.get(GLOBAL_VIEW) is not None:
             self.handover.offer_views(views)
             self.metrics.observe_zones(views[GLOBAL_VIEW].zones, views[GLOBAL_VIEW].sick)
         self.gc.collect_if_due()  # inside the cycle's duration: its pause is the cycle's
         duration = time.monotonic() - started
         self._observe(pull, spikes, duration)
-        return CycleOutcome(pull, merged, views, spikes, duration, judgements)
+        return CycleOutcome(pull, seen, views, spikes, duration, judgements)
 
-    def merge(self, now: float) -> tuple[MergedView, dict[str, DetectorResult]]:
-        """The store's evaluation window merged, and the spike detector fed the windows
-        that arrived since the last call."""
-        new_windows = self.collector.take_new()
-        windows = self.collector.store.merge_input()
-        # The store already holds just the evaluation window (by skew-corrected arrival
-        # time, pre-combined per slot and AZ), so merge's own wall-clock filter is widened
-        # to take it all.
-        newest = max((w.end for w in windows), default=0.0)
-        merged = merge_windows(windows, now=newest, evaluation_window_s=1e12)
-        spikes = self.detectors.update(now, failures_by_zone(new_windows), zones=list(merged.zones))
-        return merged, spikes
+    def survey(self, now: float) -> tuple[ZonesSeen, dict[str, DetectorResult]]:
+        """The zones the store's evaluation window knows of, and the spike detector fed the
+        windows that arrived since the last call."""
+        seen = self.collector.store.zones_seen()
+        spikes = self.detectors.update(now, failures_by_zone(self.collector.take_new()), zones=list(seen.zones))
+        return seen, spikes
 
-    def evidence(self, merged: MergedView) -> list[NodeEvidence]:
+    def evidence(self, seen: ZonesSeen) -> list[NodeEvidence]:
         """Each vantage point's own evidence over the evaluation window (the store's per-node sums)."""
-        util = merged.util
+        util = seen.util
         hosts = self.collector.store.node_hosts()
         return [NodeEvidence(node, az, {dst: agg.zone_stats(util.get(dst)) for dst, agg in dsts.items()},
                              hosts.get(node, {}))
                 for node, (az, dsts) in self.collector.store.node_input().items()]
 
-    def decide(self, merged: MergedView, spikes: Mapping[str, DetectorResult], now: float,
+    def decide(self, seen: ZonesSeen, spikes: Mapping[str, DetectorResult], now: float,
                controls: Controls) -> tuple[dict[str, WeightsView], dict[str, ViewJudgement]]:
         """The global view and each source's view (controller/decide.py), and their quorum judgements."""
-        seen = {GLOBAL_VIEW: merged.zones, **merged.by_source}
-        decided = decide_views(self.evidence(merged), seen, rules=self.rules, states=self.safety_states, now=now,
+        zones = {az: ZoneStats(util=u) for az, u in seen.util.items()}
+        views_seen = {GLOBAL_VIEW: zones, **{src: {dst: zones[dst] for dst in dsts} for src, dsts in seen.by_source.items()}}
+        decided = decide_views(self.evidence(seen), views_seen, rules=self.rules, states=self.safety_states, now=now,
                                controls=controls, spikes={az: r.spike for az, r in spikes.items()})
         views: dict[str, WeightsView] = {}
         for name, view in decided.items():

@@ -55,17 +55,16 @@ log = logging.getLogger("azprobe.controller")
 def window_source(config: ControllerConfig) -> WindowSource:
     """The direct pull, or Prometheus (agents.source = "prometheus", docs/prometheus.md)."""
     c, topology = config.controller, Topology(config.topology)
-    slot_s = min(c.interval_s, c.evaluation_window_s / 5)
     if config.prometheus is not None:
         # A cycle waits for Prometheus's answer most of an interval; a slower one is
         # ingested by a later cycle, so the cycle keeps its pace.
         return PrometheusCollector(config.prometheus, evaluation_window_s=c.evaluation_window_s,
-                                   stale_after_s=config.safety.stale_after_s, slot_s=slot_s, topology=topology,
+                                   stale_after_s=config.safety.stale_after_s, topology=topology,
                                    cycle_budget_s=c.interval_s * 0.8)
     a = config.agents
     return Collector(evaluation_window_s=c.evaluation_window_s, pull_timeout_s=a.pull_timeout_s,
                      stale_after_s=config.safety.stale_after_s,
-                     cycle_budget_s=pull_budget(a.pull_timeout_s, c.interval_s), slot_s=slot_s, token=a.token,
+                     cycle_budget_s=pull_budget(a.pull_timeout_s, c.interval_s), token=a.token,
                      max_body_bytes=a.max_body_bytes, concurrency=a.concurrency, topology=topology,
                      forget_after_s=a.forget_after_s, guard=AgentGuard(a.tls, a.identity))
 

@@ -1,27 +1,23 @@
-"""Merge agents' windows into per-path and per-destination-AZ evidence (pure).
+"""What the decision reads of the evaluation window: per-node sums and the zones seen (pure).
 
-Input: parsed windows (``azprobe.contracts.window.Window``) from every agent; the ones whose
-``end`` falls inside the evaluation window ``(now - evaluation_window_s, now]`` count.
-De-duplication (boot_id / seq) is the collector's job: every window given is counted.
+The quorum judges each node on its own evidence (controller/quorum.py); the window store
+(controller/window_store.py) keeps that evidence summed per node and destination AZ as an
+``Aggregate``: counters added, RTT and connect histograms *merged* (percentiles are read
+from merged histograms, never averaged). Beyond it the decision reads only ``ZonesSeen``:
+which zones each view knows of, and each AZ's utilisation.
 
-Output (``MergedView``):
-- ``paths[(src, dst)]``: an ``Aggregate`` -- summed counters plus *merged* RTT and
-  connect histograms (percentiles are read from merged histograms, never averaged).
-- ``zones[dst]``: the global ``ZoneStats`` per destination AZ (all sources together),
-  the model input. The ``other`` destination (outside the topology) is excluded.
-- ``by_source[src][dst]``: the same, as seen from one source AZ (for weights/from/<src>).
-- ``util[az]``: weighted CPU+memory utilisation of the AZ's agents, None without agents.
-
-Definitions (docs/contracts.md "Model input"):
+Definitions (docs/contracts.md "Model input"), ``Aggregate.zone_stats``:
 - success = ok / (ok + refused + timeout); attempts still pending are not counted;
   None when nothing completed.
 - p95_ms = P95 of the merged smoothed-RTT histogram (ms); connect P95 on the Aggregate.
 - syn_retrans_per_conn, rto_per_conn = count / max(conn_attempts, 1): RTOs on long-lived
   connections with no new connects still show up (as a count per 1 attempt).
-- util = cpu_weight*cpu + mem_weight*mem (normalised), averaged per node, then over the
-  nodes of the AZ, so a chatty agent does not outweigh a quiet one.
 - samples = completed connections + RTT samples. Whether that is enough evidence is
   ``ZoneStats.is_evidence(min_samples)`` (the safety rules' ``min_samples``).
+
+``zones_seen``: util = cpu_weight*cpu + mem_weight*mem (normalised) of each node's mean
+over its windows, averaged over the nodes of the AZ, so a chatty agent does not outweigh a
+quiet one; the ``other`` destination (outside the topology) is no zone.
 
 Also ``failures_by_zone(windows)``: refused + timed-out connects per destination AZ, the
 spike detector's input (feed it only the windows *new* this cycle, not the whole window).
@@ -32,11 +28,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.window import OTHER_AZ, TcpCounters, Window
 
-__all__ = ["Aggregate", "MergedView", "UtilWeights", "merge_windows", "failures_by_zone"]
+__all__ = ["Aggregate", "NodeSeen", "UtilWeights", "ZonesSeen", "failures_by_zone", "zones_seen"]
 
 
 @dataclass(frozen=True)
@@ -96,65 +93,42 @@ class Aggregate(TcpCounters):
         )
 
 
+class NodeSeen(NamedTuple):
+    """One node of the evaluation window, as zones_seen reads it (a tuple: one per node per cycle)."""
+
+    az: str
+    dsts: Iterable[str]  # the destination AZs its windows hold a path to (``other`` excluded)
+    cpu: float  # its mean over its windows
+    mem: float
+
+
 @dataclass(frozen=True)
-class MergedView:
-    paths: dict[tuple[str, str], Aggregate]
-    zones: dict[str, ZoneStats]
-    by_source: dict[str, dict[str, ZoneStats]]
-    util: dict[str, float | None]
-    windows_used: int
+class ZonesSeen:
+    """The zones each view knows of, beyond the nodes' votes: a zone nobody can judge is
+    still a zone (held or neutral, never drained), and the quorum's figures carry its
+    utilisation."""
+
+    util: dict[str, float | None]  # every zone of the global view -> its AZ's utilisation (None: no agent there)
+    by_source: dict[str, tuple[str, ...]]  # source AZ -> the destinations its nodes hold a path to
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return tuple(self.util)
 
 
-def windows_in_evaluation(windows: Iterable[Window], now: float, evaluation_window_s: float) -> list[Window]:
-    """The windows whose end lies in (now - evaluation_window_s, now]."""
-    since = now - evaluation_window_s
-    return [w for w in windows if since < w.end <= now]
-
-
-def utilisation_by_az(windows: Iterable[Window], weights: UtilWeights = UtilWeights()) -> dict[str, float]:
-    """Per AZ: mean over nodes of each node's mean weighted utilisation."""
-    per_node: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for w in windows:
-        per_node[(w.az, w.node)].append(weights.combine(w.util.cpu, w.util.mem))
+def zones_seen(nodes: Iterable[NodeSeen], weights: UtilWeights = UtilWeights()) -> ZonesSeen:
+    """The global view's zones (destinations some node holds a path to, and AZs with
+    agents) with their utilisation, and each source AZ's destinations (module docstring)."""
     per_az: dict[str, list[float]] = defaultdict(list)
-    for (az, _node), values in per_node.items():
-        per_az[az].append(sum(values) / len(values))
-    return {az: sum(v) / len(v) for az, v in per_az.items()}
-
-
-def merge_windows(
-    windows: Iterable[Window],
-    *,
-    now: float,
-    evaluation_window_s: float = 5.0,
-    util_weights: UtilWeights = UtilWeights(),
-) -> MergedView:
-    """Aggregate the windows inside the evaluation window (see module docstring)."""
-    used = windows_in_evaluation(windows, now, evaluation_window_s)
-    paths: dict[tuple[str, str], Aggregate] = defaultdict(Aggregate)
-    for w in used:
-        for p in w.paths:
-            paths[(p.src, p.dst)].merge(p)
-    util = utilisation_by_az(used, util_weights)
-
-    per_dst: dict[str, Aggregate] = defaultdict(Aggregate)
-    per_src_dst: dict[str, dict[str, Aggregate]] = defaultdict(lambda: defaultdict(Aggregate))
-    for (src, dst), agg in paths.items():
-        if dst == OTHER_AZ:
-            continue
-        per_dst[dst].merge(agg)
-        per_src_dst[src][dst].merge(agg)
-
-    # An AZ with agents but no traffic towards it is still a zone (with no evidence).
-    zone_names = set(per_dst) | {az for az in util if az != OTHER_AZ}
-    zones = {az: per_dst[az].zone_stats(util.get(az)) if az in per_dst else ZoneStats(util=util.get(az))
-             for az in sorted(zone_names)}
-    by_source = {
-        src: {dst: agg.zone_stats(util.get(dst)) for dst, agg in sorted(dsts.items())}
-        for src, dsts in sorted(per_src_dst.items())
-    }
-    all_util: dict[str, float | None] = {az: util.get(az) for az in sorted(zone_names)}
-    return MergedView(paths=dict(paths), zones=zones, by_source=by_source, util=all_util, windows_used=len(used))
+    dsts_by_source: dict[str, set[str]] = defaultdict(set)
+    for n in nodes:
+        per_az[n.az].append(weights.combine(n.cpu, n.mem))
+        dsts_by_source[n.az].update(n.dsts)
+    util = {az: sum(v) / len(v) for az, v in per_az.items()}
+    zone_names = set().union(*dsts_by_source.values()) | set(util)
+    zone_names.discard(OTHER_AZ)
+    return ZonesSeen(util={az: util.get(az) for az in sorted(zone_names)},
+                     by_source={src: tuple(sorted(dsts)) for src, dsts in sorted(dsts_by_source.items()) if dsts})
 
 
 def failures_by_zone(windows: Iterable[Window]) -> dict[str, int]:

@@ -63,14 +63,14 @@ class PrometheusCollector:
     """Windows from Prometheus, one synthetic window per node per scrape interval."""
 
     def __init__(self, settings: PrometheusSettings, *, evaluation_window_s: float, stale_after_s: float,
-                 topology: Topology, slot_s: float | None = None,
+                 topology: Topology,
                  clock: Callable[[], float] = time.monotonic, cycle_budget_s: float | None = None) -> None:
         self.settings = settings
         self.cycle_budget_s = cycle_budget_s  # None: a cycle waits for its answer (query_timeout_s at most)
         self.topology = topology  # the controller's AZs, as for the direct pull
         self.stale_after_s = stale_after_s
         self.clock = clock
-        self.store = WindowStore(evaluation_window_s, slot_s)
+        self.store = WindowStore(evaluation_window_s)
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()
         self._newest: float | None = None  # newest sample in the last answer (Prometheus clock)

@@ -1,5 +1,5 @@
 """The window store: the windows of the evaluation window, stored once each, bounded per
-node, pre-combined per time slot and AZ for the merge, and summed per node for the quorum.
+node, and summed per node: the quorum's evidence and the zones the views know of.
 
 Both window sources (controller/collect.py, controller/prom_source.py) fill one. Each
 window is stamped with the controller's clock shifted by the window's age on the agent's
@@ -13,9 +13,9 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
-from azprobe.contracts.window import MAX_HOSTS, MIN_INTERVAL_S, OTHER_AZ, PathStats, Utilisation, Window
+from azprobe.contracts.window import MAX_HOSTS, MIN_INTERVAL_S, OTHER_AZ, Window
 from azprobe.controller.hosts import HostKey, HostSums
-from azprobe.controller.merge import Aggregate
+from azprobe.controller.merge import Aggregate, NodeSeen, UtilWeights, ZonesSeen, zones_seen
 
 
 def node_window_cap(horizon_s: float) -> int:
@@ -31,60 +31,21 @@ class StoredWindow:
     agent: str  # the target URL: the identity of the agent
 
 
-class _Slot:
-    """The windows that arrived in one time slot, pre-combined per agent AZ."""
-
-    __slots__ = ("paths", "utils", "start", "end")
-
-    def __init__(self) -> None:
-        self.paths: dict[str, dict[tuple[str, str], PathStats]] = {}  # agent AZ -> path -> sums
-        self.utils: dict[str, dict[str, list[float]]] = {}  # agent AZ -> node -> [cpu sum, mem sum, n]
-        self.start = math.inf
-        self.end = -math.inf
-
-    def add(self, window: Window) -> None:
-        paths = self.paths.setdefault(window.az, {})
-        for p in window.paths:
-            key = (p.src, p.dst)
-            total = paths.get(key)
-            if total is None:
-                total = paths[key] = PathStats(src=p.src, dst=p.dst)
-            total.merge(p)
-        node = self.utils.setdefault(window.az, {}).setdefault(window.node, [0.0, 0.0, 0])
-        node[0] += window.util.cpu
-        node[1] += window.util.mem
-        node[2] += 1
-        self.start = min(self.start, window.start)
-        self.end = max(self.end, window.end)
-
-    def windows(self, index: int) -> list[Window]:
-        """One synthetic window per agent AZ. Counters and histograms are exact sums; util
-        is the mean over the slot's nodes of each node's mean (what merge computes per
-        node), so merging slots averages per slot rather than per node: equal when every
-        node reports once per slot, as agents do."""
-        out = []
-        for az, paths in self.paths.items():
-            nodes = self.utils[az].values()
-            cpu = sum(n[0] / n[2] for n in nodes) / len(nodes)
-            mem = sum(n[1] / n[2] for n in nodes) / len(nodes)
-            out.append(Window(node=f"{az}/slot-{index}", az=az, boot_id="merged", seq=index, start=self.start,
-                              end=self.end, util=Utilisation(min(cpu, 1.0), min(mem, 1.0)),
-                              paths=list(paths.values())))
-        return out
-
-
 class _NodeTotals:
     """One node's sums over the windows the store holds, per destination: kept up to
     date on add and prune (a window in, a window out), so the quorum's per-node input
-    costs nothing per cycle (merging every node's slots each cycle cost 0.4 s of CPU at
-    5,000 agents)."""
+    costs nothing per cycle (merging every node's windows each cycle cost 0.4 s of CPU at
+    5,000 agents). A destination leaves with the last window that holds a path to it."""
 
-    __slots__ = ("az", "dsts", "windows", "hosts", "hosts_over_cap")
+    __slots__ = ("az", "dsts", "paths", "windows", "cpu", "mem", "hosts", "hosts_over_cap")
 
     def __init__(self, az: str) -> None:
         self.az = az
         self.dsts: dict[str, Aggregate] = {}
+        self.paths: dict[str, int] = {}  # dst -> the paths to it in the windows held
         self.windows = 0
+        self.cpu = 0.0  # utilisation summed over the windows
+        self.mem = 0.0
         self.hosts: dict[HostKey, HostSums] = {}  # (dst, addr): at most MAX_HOSTS per node
         self.hosts_over_cap = 0
 
@@ -121,20 +82,35 @@ class _NodeTotals:
     def add(self, window: Window) -> None:
         self.az = window.az  # the newest window's AZ
         self.windows += 1
+        self.cpu += window.util.cpu
+        self.mem += window.util.mem
+        paths = self.paths
         for p in window.paths:
-            if p.dst != OTHER_AZ:
-                agg = self.dsts.get(p.dst)
+            dst = p.dst
+            if dst != OTHER_AZ:
+                agg = self.dsts.get(dst)
                 if agg is None:
-                    agg = self.dsts[p.dst] = Aggregate()
+                    agg = self.dsts[dst] = Aggregate()
+                    paths[dst] = 1
+                else:
+                    paths[dst] += 1
                 agg.merge(p)
 
     def remove(self, window: Window) -> None:
         self.windows -= 1
+        self.cpu -= window.util.cpu
+        self.mem -= window.util.mem
         self.remove_hosts(window)
+        paths = self.paths
         for p in window.paths:
-            agg = self.dsts.get(p.dst)
+            dst = p.dst
+            agg = self.dsts.get(dst)
             if agg is None:
                 continue
+            if paths[dst] == 1:  # the last path to dst: nothing else is summed in its Aggregate
+                del paths[dst], self.dsts[dst]
+                continue
+            paths[dst] -= 1
             agg.conn_attempts -= p.conn_attempts
             agg.conn_ok -= p.conn_ok
             agg.conn_refused -= p.conn_refused
@@ -158,22 +134,16 @@ class WindowStore:
 
     A heap ordered by `at`: arrivals are only roughly ordered (each agent's backlog is
     back-dated by its own age), and pruning must stay O(log n) per window at 25,000+.
-
-    Each window is also added once to the slot of its `at` (slot_s wide), and
-    merge_input() hands the merge one pre-combined window per (slot, AZ): at 5,000 agents
-    the merge then reads ~15 windows a cycle instead of 25,000, while every counter and
-    histogram still sums exactly. A slot leaves when its newest second leaves the horizon,
-    so the merge sees at most one slot more than the evaluation window.
+    Every window is summed into its node's totals on the way in and taken out of them on
+    the way out; nothing else reads the windows themselves each cycle.
     """
 
-    def __init__(self, horizon_s: float, slot_s: float | None = None) -> None:
+    def __init__(self, horizon_s: float) -> None:
         self.horizon_s = horizon_s
-        self.slot_s = slot_s if slot_s else max(horizon_s / 5, 0.01)
         self._heap: list[tuple[float, int, str, Window]] = []  # (at, tiebreak, agent, window)
         self._keys: set[tuple[str, float]] = set()  # (node, end): one window per end per node
         self.agent_node: dict[str, str] = {}  # agent URL -> the node it spoke for last
         self._nodes: dict[str, _NodeTotals] = {}
-        self._slots: dict[int, _Slot] = {}
         self._tiebreak = 0
         self.newest_at: float | None = None
         self.max_node_windows = node_window_cap(horizon_s)
@@ -197,11 +167,6 @@ class WindowStore:
         window = totals.add_hosts(window)
         self._tiebreak += 1
         heapq.heappush(self._heap, (at, self._tiebreak, agent, window))
-        index = math.floor(at / self.slot_s)
-        slot = self._slots.get(index)
-        if slot is None:
-            slot = self._slots[index] = _Slot()
-        slot.add(window)
         if self.newest_at is None or at > self.newest_at:
             self.newest_at = at
         return True
@@ -215,15 +180,15 @@ class WindowStore:
             totals.remove(window)
             if totals.windows <= 0:
                 del self._nodes[window.node]
-        for index in [i for i in self._slots if (i + 1) * self.slot_s < cutoff]:
-            del self._slots[index]
 
     def windows(self) -> list[Window]:
         return [entry[3] for entry in self._heap]
 
-    def merge_input(self) -> list[Window]:
-        """The evaluation window, pre-combined per (slot, AZ): what the merge reads."""
-        return [w for index in sorted(self._slots) for w in self._slots[index].windows(index)]
+    def zones_seen(self, weights: UtilWeights = UtilWeights()) -> ZonesSeen:
+        """The zones the views know of and their utilisation, from every node's sums
+        (controller/merge.py)."""
+        return zones_seen((NodeSeen(t.az, t.dsts, t.cpu / t.windows, t.mem / t.windows) for t in self._nodes.values()),
+                          weights)
 
     def node_input(self) -> dict[str, tuple[str, dict[str, Aggregate]]]:
         """Per node of the evaluation window: (its AZ, dst -> summed counters and histograms),

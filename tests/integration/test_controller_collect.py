@@ -188,7 +188,7 @@ def test_agents_discovered_from_the_catalog(devconsul):
         assert sorted((c.target.url, c.target.az) for c in ctl.collector.cursors.values()) == sorted(
             (f"http://127.0.0.1:{s.port}", az) for az, s in servers.items())
         assert out.pull.ingested == 2 and out.pull.failed == 0
-        assert set(out.merged.zones) == {"az-a", "az-b"}
+        assert set(out.seen.zones) == {"az-a", "az-b"}
         ctl.consul.election.release()
     finally:
         for server in servers.values():

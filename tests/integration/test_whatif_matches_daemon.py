@@ -44,7 +44,7 @@ def _daemon_cycle(config: dict[str, Any], server: FakeAgentServer) -> tuple[dict
         for agent in server.agents.values():
             agent.emit(interval_s=0.2)
         outcome = await ctl.cycle()
-        evidence = ctl.decider.evidence(outcome.merged)
+        evidence = ctl.decider.evidence(outcome.seen)
         await ctl.collector.close()
         return {az: z.share for az, z in outcome.views[GLOBAL_VIEW].zones.items()}, evidence
 

@@ -168,34 +168,52 @@ def test_garbage_between_good_windows_is_not_a_gap():
     assert collector.counters.windows_garbage == 1 and collector.counters.gap_events == 0
 
 
-def test_slot_compaction_merges_exactly_like_the_raw_windows():
-    """merge_input() pre-combines windows per (slot, AZ); the merge must not notice."""
-    from azprobe.controller.merge import merge_windows
+def test_node_sums_are_the_held_windows_summed_and_a_destination_leaves_with_its_last_window():
+    """The store's per-node sums (the quorum's evidence) and the zones seen equal summing
+    the windows it holds, after adds and prunes alike."""
+    from azprobe.contracts.window import parse_window
+    from azprobe.controller.merge import Aggregate, UtilWeights
 
-    store = WindowStore(5.0, slot_s=1.0)
+    store = WindowStore(5.0)
     agents = [FakeAgent(f"n{i}", az, [PathSpec(dst="az-a", conn_attempts=10 + i, failures=i % 3, rtt_ms=5 + i),
                                       PathSpec(dst="az-b", conn_attempts=7, syn_retrans=i, rtt_ms=40 + 3 * i)],
                         cpu=0.1 * (i % 7), mem=0.05 * i)
               for i, az in enumerate(["az-a", "az-a", "az-b", "az-b", "az-b"])]
+    only_once = FakeAgent("n9", "az-c", [PathSpec(dst="az-c", conn_attempts=5, rtt_ms=2)])
+    store.add(only_once.node, parse_window(only_once.emit(end=100.0)), 1000.0)
     for second in range(5):
         for i, agent in enumerate(agents):
-            from azprobe.contracts.window import parse_window
-
             store.add(agent.node, parse_window(agent.emit(end=100.0 + second)), 1000.0 + second + 0.01 * i)
-    raw = merge_windows(store.windows(), now=1e9, evaluation_window_s=1e10)
-    compact = merge_windows(store.merge_input(), now=1e9, evaluation_window_s=1e10)
-    assert len(store.merge_input()) == 10 and len(store.windows()) == 25
-    assert raw.zones.keys() == compact.zones.keys() and raw.by_source.keys() == compact.by_source.keys()
-    for az in raw.zones:
-        a, b = raw.zones[az], compact.zones[az]
-        assert (a.success, a.p95_ms, a.samples, a.syn_retrans_per_conn) == (b.success, b.p95_ms, b.samples,
-                                                                           b.syn_retrans_per_conn)
-        assert abs(a.util - b.util) < 1e-9
-    for key, agg in raw.paths.items():
-        assert compact.paths[key].rtt_us.counts == agg.rtt_us.counts
-        assert compact.paths[key].conn_timeout == agg.conn_timeout
-    store.prune(1000.0 + 4 + 5.0 - 0.5)  # cutoff 1003.5: slots 1000..1002 leave, 1003 stays
-    assert sorted({w.seq for w in store.merge_input()}) == [1003, 1004]
+
+    def check() -> None:
+        held = store.windows()
+        nodes = store.node_input()
+        assert set(nodes) == {w.node for w in held}
+        for node, (_az, dsts) in nodes.items():
+            expected: dict[str, Aggregate] = {}
+            for w in held:
+                if w.node == node:
+                    for p in w.paths:
+                        expected.setdefault(p.dst, Aggregate()).merge(p)
+            assert dsts.keys() == expected.keys()
+            for dst, agg in dsts.items():
+                want = expected[dst]
+                assert agg.rtt_us.counts == want.rtt_us.counts and agg.connect_us.counts == want.connect_us.counts
+                assert (agg.conn_attempts, agg.conn_ok, agg.failures, agg.syn_retrans) == (
+                    want.conn_attempts, want.conn_ok, want.failures, want.syn_retrans)
+        seen = store.zones_seen()
+        for az in {w.az for w in held}:
+            per_node = [[UtilWeights().combine(w.util.cpu, w.util.mem) for w in held if w.node == n]
+                        for n in {w.node for w in held if w.az == az}]
+            assert seen.util[az] == pytest.approx(sum(sum(v) / len(v) for v in per_node) / len(per_node))
+
+    check()
+    assert store.zones_seen().by_source == {"az-a": ("az-a", "az-b"), "az-b": ("az-a", "az-b"), "az-c": ("az-c",)}
+    store.prune(1000.0 + 5.0 + 0.5)  # cutoff 1000.5: n9's only window and the first second leave
+    check()
+    seen = store.zones_seen()
+    assert seen.zones == ("az-a", "az-b") and "az-c" not in seen.by_source
+    assert len(store) == 20
 
 
 # --- identity: a URL is one vantage point (docs/quorum.md "Identity") ------------------
