@@ -1,7 +1,10 @@
 """Controller scale bench: 5,000 synthetic agents x 3 AZs, one collect+merge+decide cycle per second.
 
 The agents are served cheaply by ONE separate process (tests/fakeagent.py bulk mode: one
-port, agent N at http://127.0.0.1:PORT/a/N, a new window per agent per second), so the
+port, agent N at http://127.0.0.1:PORT/a/N, a new window per agent per second, each agent's
+ending at its own point of the second as in a fleet whose agents started at different
+times; --lockstep ends them all at one instant, so a cycle that straddles that instant
+takes a second window from some agents), so the
 numbers are the controller's: real HTTP pulls of every agent, parse_window on every
 window, the evaluation-window merge, the spike detector, model + safety for the global
 and per-source views. Consul is not involved (publishing is one txn per cycle).
@@ -35,7 +38,7 @@ cycle's failed pulls. `handshakes_in_measured_cycles` counts the connections rem
 during the measured cycles (a pull past its deadline keeps its connection, so 0 unless
 one was lost), `responses_drained` the answers read after their pull's deadline.
 
-    .venv/bin/python bench/controller_scale.py [--agents 5000] [--cycles 20] [--real-agents] [--tls [--agent-procs 2]]
+    .venv/bin/python bench/controller_scale.py [--agents 5000] [--cycles 20] [--real-agents] [--tls [--agent-procs 2]] [--lockstep]
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ def start_fake_agents(args: argparse.Namespace, env: dict, address_file: Path) -
         tls = ["--tls-dir", str(address_file.parent), "--first", str(first)] if args.tls else []
         servers.append(subprocess.Popen([sys.executable, "-m", "tests.fakeagent", "--agents", str(count),
                                          "--interval", str(args.interval), "--address-file", f"{address_file}.{i}",
-                                         *tls], cwd=ROOT, env=env))
+                                         *tls, *([] if args.lockstep else ["--stagger"])], cwd=ROOT, env=env))
     for i, server in enumerate(servers):
         address = wait_for_address_file(Path(f"{address_file}.{i}"), alive=lambda: server.poll() is None, timeout_s=600)
         if address is None:
@@ -275,6 +278,8 @@ def main() -> None:
                         help="one real agent HTTP server per agent (tests/promagent.py) instead of the bulk fake")
     parser.add_argument("--tls", action="store_true", help="mutual TLS, a node certificate per agent (bulk fake)")
     parser.add_argument("--agent-procs", type=int, default=2, help="--tls: processes serving the fake agents")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="every fake agent's windows end at the same instant (default: staggered, as in a fleet)")
     args = parser.parse_args()
     if args.tls and args.real_agents:
         raise SystemExit("bench: --tls serves the bulk fake agents; leave out --real-agents")

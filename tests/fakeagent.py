@@ -312,9 +312,10 @@ def zone_agents(azs: list[str], per_az: int, *, sick: dict[str, PathSpec] | None
 class _BulkAgents:
     """The bench's cheap server: N agents, one pre-serialised window per (agent, seq)."""
 
-    def __init__(self, n: int, azs: list[str], interval_s: float, attempts: int) -> None:
+    def __init__(self, n: int, azs: list[str], interval_s: float, attempts: int, stagger: bool = False) -> None:
         self.interval_s = interval_s
         self.started = time.time()
+        self.stagger = stagger
         self.boot = uuid.uuid4().hex
         self.azs = azs
         self.n = n
@@ -330,23 +331,30 @@ class _BulkAgents:
         self.templates = templates
         self.ring = 10
 
-    def _seqs(self, after: int) -> range:
-        now_seq = int((time.time() - self.started) / self.interval_s) + 1
+    def _started(self, key: int) -> float:
+        """When agent `key` started. Staggered: a fleet's agents start at different times, so
+        their windows end spread over the interval (a low-discrepancy sequence, whatever the
+        number of agents or processes), not all at one instant."""
+        return self.started + (key * 0.6180339887498949 % 1.0) * self.interval_s if self.stagger else self.started
+
+    def _seqs(self, key: int, after: int) -> range:
+        now_seq = int((time.time() - self._started(key)) / self.interval_s) + 1
         return range(max(after + 1, now_seq - self.ring + 1, 1), now_seq + 1)
 
     def body(self, key: int, after: int, compact: bool = False) -> bytes:
         az = self.azs[key % len(self.azs)]
+        started = self._started(key)
         if compact:
             template = self.windows[az]
             windows = [encode_compact_window(Window(
-                node=f"n{key}", az=az, boot_id=self.boot, seq=seq, start=self.started + (seq - 1) * self.interval_s,
-                end=self.started + seq * self.interval_s, util=template.util, paths=template.paths))
-                for seq in self._seqs(after)]
+                node=f"n{key}", az=az, boot_id=self.boot, seq=seq, start=started + (seq - 1) * self.interval_s,
+                end=started + seq * self.interval_s, util=template.util, paths=template.paths))
+                for seq in self._seqs(key, after)]
             return encode_compact_page(f"n{key}", az, self.boot, windows)
         parts = []
         template = self.templates[az].replace("NODE", f"n{key}")
-        for seq in self._seqs(after):
-            end = self.started + seq * self.interval_s
+        for seq in self._seqs(key, after):
+            end = started + seq * self.interval_s
             parts.append(template.replace("%SEQ%", str(seq)).replace("%START%", repr(end - self.interval_s))
                          .replace("%END%", repr(end)))
         return (f'{{"node": "n{key}", "az": "{az}", "boot_id": "{self.boot}", "windows": ['
@@ -383,8 +391,8 @@ class _BulkProtocol(asyncio.Protocol):
 
 
 def _serve_bulk(n: int, azs: list[str], interval_s: float, attempts: int, address_file: str,
-                tls_dir: str = "", first: int = 0) -> None:
-    _BulkProtocol.bulk = _BulkAgents(first + n, azs, interval_s, attempts)
+                tls_dir: str = "", first: int = 0, stagger: bool = False) -> None:
+    _BulkProtocol.bulk = _BulkAgents(first + n, azs, interval_s, attempts, stagger)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -417,9 +425,11 @@ if __name__ == "__main__":
                         "go to ports-FIRST.json there")
     parser.add_argument("--first", type=int, default=0, help="HTTPS: serve agents FIRST .. FIRST+N-1 (one process "
                         "of several)")
+    parser.add_argument("--stagger", action="store_true", help="agents' windows end spread over the interval, as "
+                        "in a fleet whose agents started at different times (default: all at one instant)")
     args = parser.parse_args()
     try:
         _serve_bulk(args.agents, args.azs.split(","), args.interval, args.attempts, args.address_file, args.tls_dir,
-                    args.first)
+                    args.first, args.stagger)
     except KeyboardInterrupt:
         sys.exit(0)
