@@ -38,10 +38,11 @@ their reasons), in `ViewJudgement.hosts`; held zones in `ViewJudgement.held`.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from azprobe.contracts.stats import ZoneStats
 from azprobe.contracts.weights import MAX_INT, MAX_STRING
@@ -56,8 +57,30 @@ if TYPE_CHECKING:  # quorum.py holds these records and imports this module
 HostKey = tuple[str, str]  # (destination AZ, address)
 MIN_HOST_VOTERS = 2  # one node never names a host
 # The order a side's median vote is taken in, zones' and hosts' alike: by health, ties by
-# node name. attrgetter, not a lambda: at 5,000 nodes the key ran 30,000 times a cycle.
+# node name.
 MEDIAN_ORDER = attrgetter("verdict.health", "node")
+_NODE = attrgetter("node")
+
+
+class _Voter(Protocol):
+    node: str
+    verdict: ZoneHealth
+
+
+V = TypeVar("V", bound=_Voter)
+
+
+def median_vote(votes: Sequence[V]) -> V:
+    """The lower middle of `votes` (not empty) in MEDIAN_ORDER. Only the healths are
+    sorted, then the names of the votes at the median health: a key tuple per vote cost
+    2.5 ms per 5,000 votes, and a cycle of 5,000 nodes takes the median of 30,000."""
+    mid = (len(votes) - 1) // 2
+    healths = sorted([v.verdict.health for v in votes])
+    at = healths[mid]
+    ties = sorted([v for v in votes if v.verdict.health == at], key=_NODE)
+    if not ties:  # a NaN health equals nothing: the plain order's pick
+        return sorted(votes, key=MEDIAN_ORDER)[mid]
+    return ties[mid - bisect_left(healths, at)]
 
 
 def _bucket_value_us(index: int) -> float:
@@ -237,8 +260,7 @@ def _sick(addr: str, votes: list[_HostVote], cfg: QuorumConfig, model: Model, si
     needed = max(needed, MIN_HOST_VOTERS)
     if voters < MIN_HOST_VOTERS or len(degraded) < needed or len(degraded_sources) < sources_needed:
         return None
-    degraded.sort(key=MEDIAN_ORDER)
-    median = degraded[(len(degraded) - 1) // 2]
+    median = median_vote(degraded)
     explained = model.evaluate(median.evidence)[addr]
     s = median.stats
     figures = (f"host figures (median node): p95 ~{fmt(s.p95_ms) if s.p95_ms is not None else '?'} ms, "

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from azprobe.config import Section
 from azprobe.contracts.weights import MAX_INT
 from azprobe.contracts.stats import ZoneStats
-from azprobe.controller.hosts import MEDIAN_ORDER, HostKey, HostSums, ZoneHosts, node_host_votes, with_hosts
+from azprobe.controller.hosts import HostKey, HostSums, ZoneHosts, median_vote, node_host_votes, with_hosts
 from azprobe.controller.models import Model, ZoneHealth, fmt
 
 
@@ -215,9 +215,8 @@ def judge_view(votes_by_node: Mapping[str, list[_Vote]], cfg: QuorumConfig, util
         quorum = len(degraded) >= needed and len(degraded_sources) >= sources_needed and bool(degraded)
         tally = Tally(len(votes), len(degraded), needed, degraded_sources, sources_needed, quorum)
         side = degraded if quorum else [v for v in votes if not v.degraded]
-        side.sort(key=MEDIAN_ORDER)
-        median = side[(len(side) - 1) // 2]
-        samples = sum(v.stats.samples for v in votes)
+        median = median_vote(side)
+        samples = sum([v.stats.samples for v in votes])
         stats[dst] = _median_stats(side, util.get(dst), samples)
         explained = model.evaluate(median.evidence)[dst]  # the same verdict, with its reasons
         why = (tally.reason(), f"median node {median.node} ({median.az}): {explained.reasons[0]}",

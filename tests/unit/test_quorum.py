@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from azprobe.config import Section
 from azprobe.contracts.stats import ZoneStats
-from azprobe.controller.models import DEGRADED_BELOW, DefaultModel
+from azprobe.controller.hosts import MEDIAN_ORDER, median_vote
+from azprobe.controller.models import DEGRADED_BELOW, DefaultModel, ZoneHealth
 from azprobe.controller.quorum import NodeEvidence, QuorumConfig, judge
 from azprobe.errors import ConfigError
 
@@ -140,3 +146,21 @@ def test_source_view_fraction_is_validated():
     assert QuorumConfig.from_section(Section({"source_view_fraction": 0.75}, "quorum")).source_view_fraction == 0.75
     with pytest.raises(ConfigError, match="quorum.source_view_fraction"):
         QuorumConfig.from_section(Section({"source_view_fraction": 0.3}, "quorum"))
+
+
+@dataclass
+class _Ballot:
+    node: str
+    verdict: ZoneHealth
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]) | st.floats(0, 1), st.integers(0, 10**6)),
+                min_size=1, max_size=60, unique_by=lambda t: t[1]))
+def test_the_median_vote_is_the_lower_middle_in_health_then_node_order(pairs):
+    votes = [_Ballot(f"n{node}", ZoneHealth(health, 1.0, 1.0, ())) for health, node in pairs]
+    assert median_vote(votes) is sorted(votes, key=MEDIAN_ORDER)[(len(votes) - 1) // 2]
+
+
+def test_a_nan_health_does_not_break_the_median_vote():
+    votes = [_Ballot("a", ZoneHealth(math.nan, 1.0, 1.0, ())), _Ballot("b", ZoneHealth(0.5, 1.0, 1.0, ()))]
+    assert median_vote(votes) in votes
