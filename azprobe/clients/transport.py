@@ -186,7 +186,9 @@ class _Connection(asyncio.Protocol):
         return ConnectionResetError("connection closed before the response ended")
 
     # -- requests
-    def request(self, raw: bytes) -> asyncio.Future[Response]:
+    def request(self, raw: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Response]:
+        """Send `raw`; the response comes in the future returned, made on the caller's
+        `loop` (on Python 3.11 each get_running_loop() is a getpid() system call)."""
         if self.transport is None or self.closed:  # the agent hung up between connect and now
             if self.peer is not None and self.requests == 0:
                 raise ClosedAfterHandshake(REFUSED_AFTER_HANDSHAKE)
@@ -195,7 +197,7 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = False
         self.answered = False
         self.requests += 1
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = loop.create_future()
         self.transport.write(raw)
         return self.waiter
 
@@ -523,7 +525,7 @@ class AgentHttpClient:
             conn, reused = await self._take(ep, key, deadline)
             self._watch(conn, deadline)
             try:
-                response = await conn.request(raw)
+                response = await conn.request(raw, loop)
             except TimeoutError:
                 raise  # the reaper abandoned the request: the connection drains
             except (ConnectionError, OSError) as exc:

@@ -28,7 +28,7 @@ def feed(parts: list[bytes], *, max_body_bytes: int = 1 << 20, eof: bool = False
     async def run() -> Response:
         conn = _Connection(max_body_bytes)
         conn.connection_made(Transport())  # type: ignore[arg-type]
-        future = conn.request(b"GET / HTTP/1.1\r\n\r\n")
+        future = conn.request(b"GET / HTTP/1.1\r\n\r\n", asyncio.get_running_loop())
         for part in parts:
             conn.data_received(part)
             if watch:
@@ -97,9 +97,9 @@ def test_failure_and_success_both_drop_the_buffers():
         ok, bad = _Connection(), _Connection()
         for conn in (ok, bad):
             conn.connection_made(Transport())  # type: ignore[arg-type]
-        done = ok.request(b"GET /")
+        done = ok.request(b"GET /", asyncio.get_running_loop())
         ok.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc")
-        failed = bad.request(b"GET /")
+        failed = bad.request(b"GET /", asyncio.get_running_loop())
         bad.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 900000\r\n\r\n" + b"x" * 500_000)
         bad.connection_lost(None)  # the agent went away mid-body
         assert (await done).body == b"abc"
@@ -133,6 +133,6 @@ def test_a_connection_closed_before_the_request_is_a_connection_error():
         conn.connection_made(Transport())  # type: ignore[arg-type]
         conn.connection_lost(None)
         with pytest.raises(ConnectionResetError, match="before the request"):
-            conn.request(b"GET / HTTP/1.1\r\n\r\n")
+            conn.request(b"GET / HTTP/1.1\r\n\r\n", asyncio.get_running_loop())
 
     asyncio.run(run())
