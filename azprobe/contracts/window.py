@@ -272,10 +272,20 @@ class Window:
         return doc
 
 
+def is_name(value: object, limit: int) -> bool:
+    """A name of 1..`limit` of [A-Za-z0-9._-]; the names seen before are remembered (bounded)."""
+    return _is_name(value, limit)
+
+
+def name_error(field: str, value: object, limit: int) -> WindowError:
+    """The error for a `field` whose `value` is not a name of at most `limit` characters."""
+    return WindowError(f"{field}: {printable(value, 40)!r} {name_problem(value, limit)}")
+
+
 def _name(doc: Mapping, key: str, where: str, limit: int) -> str:
     value = doc.get(key)
     if not _is_name(value, limit):
-        raise WindowError(f"{where}{key}: {printable(value, 40)!r} {name_problem(value, limit)}")
+        raise name_error(f"{where}{key}", value, limit)
     return value  # type: ignore[return-value]
 
 

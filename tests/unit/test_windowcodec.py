@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from azprobe.clients.transport import MAX_BODY_BYTES
 from azprobe.contracts.sketch import Histogram, bucket_index, bucket_lower_bound
-from azprobe.contracts.window import PathStats, Utilisation, Window, WindowError, parse_window
+from azprobe.contracts.window import HOST_RTT_BUCKETS, PathStats, Utilisation, Window, WindowError, parse_window
 from azprobe.contracts.windowcodec import (
     ACCEPT_BOTH,
     COMPACT_TYPE,
@@ -122,6 +122,20 @@ def test_the_compact_form_keeps_the_window_contract(paths, field):
     bad[10] = paths
     with pytest.raises(WindowError, match="^" + re.escape(field)):
         page = encode_compact_page("n", "az-a", "boot", [_raw(bad)])
+        decode_page(page, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES).windows[0].parse()
+
+
+@pytest.mark.parametrize("index, value, field", [
+    (1, "node 1", "node"), (2, "az/a", "az"), (3, "boot\n", "boot_id"),
+    (10, [["az-a", "az b", 3, 3, 0, 0, 0, 0, 0, {}, {}]], "paths[0].dst"),
+    (12, [["az-a", "az-b", "198.18.0.1", 1, 0, 0, 0, [0] * HOST_RTT_BUCKETS],
+          ["az-a", "az-b\x1b", "198.18.0.2", 1, 0, 0, 0, [0] * HOST_RTT_BUCKETS]], "hosts[1].dst"),
+])
+def test_a_compact_window_with_a_bad_name_is_refused_naming_the_field(index, value, field):
+    bad = [*GOOD, "bpf", [], 0]
+    bad[index] = value
+    page = encode_compact_page("n", "az-a", "boot", [_raw(bad)])
+    with pytest.raises(WindowError, match="^" + re.escape(field) + ": .* contains"):
         decode_page(page, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES).windows[0].parse()
 
 
