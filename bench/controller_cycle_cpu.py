@@ -49,12 +49,11 @@ def run(agents: int, rounds: int, warmup: int) -> dict:
     pace_gc()  # as run_event_loop does for the daemon
     spent: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for index in range(warmup + rounds):
-        # The rounds run on a clock of their own, one interval apart, whatever they take;
-        # the fakes' clock is the wall's, so they are set one interval older each round:
-        # one new window per agent per round.
+        # The rounds run on a clock of their own, one interval apart, whatever they take
+        # (the fakes too): one new window per agent per round.
         now = base + index * INTERVAL_S
-        fakes.started = time.time() - (index + 1) * INTERVAL_S
-        bodies = [fakes.body(key, cursor.last_seq, compact=True) for key, cursor in enumerate(cursors)]
+        bodies = [fakes.body(key, cursor.last_seq, compact=True, now=fakes.started + (index + 0.5) * INTERVAL_S)
+                  for key, cursor in enumerate(cursors)]
         marks = [time.process_time()]
         pages = [decode_page(body, COMPACT_TYPE, max_bytes=MAX_BODY_BYTES) for body in bodies]
         marks.append(time.process_time())

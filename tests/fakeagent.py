@@ -337,11 +337,12 @@ class _BulkAgents:
         number of agents or processes), not all at one instant."""
         return self.started + (key * 0.6180339887498949 % 1.0) * self.interval_s if self.stagger else self.started
 
-    def _seqs(self, key: int, after: int) -> range:
-        now_seq = int((time.time() - self._started(key)) / self.interval_s) + 1
+    def _seqs(self, key: int, after: int, now: float | None) -> range:
+        now_seq = int(((time.time() if now is None else now) - self._started(key)) / self.interval_s) + 1
         return range(max(after + 1, now_seq - self.ring + 1, 1), now_seq + 1)
 
-    def body(self, key: int, after: int, compact: bool = False) -> bytes:
+    def body(self, key: int, after: int, compact: bool = False, now: float | None = None) -> bytes:
+        """Agent `key`'s answer to ?after=`after` at `now` (the wall clock's when None)."""
         az = self.azs[key % len(self.azs)]
         started = self._started(key)
         if compact:
@@ -349,11 +350,11 @@ class _BulkAgents:
             windows = [encode_compact_window(Window(
                 node=f"n{key}", az=az, boot_id=self.boot, seq=seq, start=started + (seq - 1) * self.interval_s,
                 end=started + seq * self.interval_s, util=template.util, paths=template.paths))
-                for seq in self._seqs(key, after)]
+                for seq in self._seqs(key, after, now)]
             return encode_compact_page(f"n{key}", az, self.boot, windows)
         parts = []
         template = self.templates[az].replace("NODE", f"n{key}")
-        for seq in self._seqs(key, after):
+        for seq in self._seqs(key, after, now):
             end = started + seq * self.interval_s
             parts.append(template.replace("%SEQ%", str(seq)).replace("%START%", repr(end - self.interval_s))
                          .replace("%END%", repr(end)))
