@@ -16,7 +16,8 @@ hundred agents (a thread-per-connection stdlib server each), not thousands.
 
 Prints progress on stderr and ONE final JSON line on stdout:
 cycle p50/p99/max (s, wall), the CPU seconds each cycle used (p50/p99: the figure that
-does not depend on what else runs on the box), pull p50 (s), the controller process's CPU %
+does not depend on what else runs on the box) and the kernel's part of them (p50: system
+time, mostly the pulls' sends and receives), pull p50 (s), the controller process's CPU %
 of one core over the measured cycles, windows held / new per cycle, failed pulls, and the
 1-minute load average (this box is shared), and the controller's CPU µs per agent window
 (all its CPU over the measured cycles / windows taken in), and after the cycles the latency
@@ -91,6 +92,7 @@ async def run(controller: Controller, cycles: int, warmup: int, interval: float)
     proc = psutil.Process()
     durations: list[float] = []
     cpu_per_cycle: list[float] = []
+    sys_per_cycle: list[float] = []  # the kernel's part: sending and receiving the pulls
     pulls: list[float] = []
     windows: list[int] = []
     new_windows: list[int] = []
@@ -101,10 +103,11 @@ async def run(controller: Controller, cycles: int, warmup: int, interval: float)
         if i == warmup:
             t = proc.cpu_times()
             cpu_start, wall_start = t.user + t.system, time.monotonic()
-        cpu_before = time.process_time()
+        cpu_before, sys_before = time.process_time(), proc.cpu_times().system
         out = await controller.cycle()
         if i >= warmup:
             cpu_per_cycle.append(time.process_time() - cpu_before)
+            sys_per_cycle.append(proc.cpu_times().system - sys_before)
             durations.append(out.duration_s)
             pulls.append(out.pull.duration_s)
             windows.append(len(controller.collector.store))
@@ -124,6 +127,7 @@ async def run(controller: Controller, cycles: int, warmup: int, interval: float)
             "cycle_max_s": round(max(durations), 4), "pull_p50_s": round(statistics.median(pulls), 4),
             "cycle_cpu_p50_s": round(statistics.median(cpu_per_cycle), 4),
             "cycle_cpu_p99_s": round(quantile(cpu_per_cycle, 0.99), 4),
+            "cycle_sys_cpu_p50_s": round(statistics.median(sys_per_cycle), 4),
             "controller_cpu_pct": round(100 * cpu, 1), "windows_in_evaluation": int(statistics.median(windows)),
             "new_windows_per_cycle": int(statistics.median(new_windows)),
             "failed_pulls_max": max(failed), "failed_pulls_total": sum(failed),
