@@ -385,6 +385,7 @@ class AgentHttpClient:
         self._inflight: dict[_Connection, float] = {}  # connection -> deadline (loop time)
         self._connecting: dict[tuple[str, str, int], asyncio.Task[_Connection]] = {}  # past their request's deadline
         self._handshakes: asyncio.Semaphore | None = None  # made on the loop that uses it
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that uses it, while it runs
         self._reaper: asyncio.Task[None] | None = None
         self._draining: dict[_Connection, float] = {}  # -> the end of its LINGER_S
         self._draining_https: dict[tuple[str, str, int], _Connection] = {}  # the newest per https key
@@ -512,7 +513,9 @@ class AgentHttpClient:
         """GET ep.path + path_and_query within timeout_s (connect included, plus at most
         REAP_EVERY_S of sweep granularity). Raises TimeoutError, OSError (refused,
         reset) or HttpError (malformed, or a body over the cap)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or not loop.is_running():  # get_running_loop() is a getpid() call on 3.11: once per loop
+            loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         headers = headers or {}
         if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in headers.items()):
