@@ -111,21 +111,7 @@ class _NodeTotals:
                 del paths[dst], self.dsts[dst]
                 continue
             paths[dst] -= 1
-            agg.conn_attempts -= p.conn_attempts
-            agg.conn_ok -= p.conn_ok
-            agg.conn_refused -= p.conn_refused
-            agg.conn_timeout -= p.conn_timeout
-            agg.syn_retrans -= p.syn_retrans
-            agg.retrans -= p.retrans
-            agg.rto -= p.rto
-            for hist, gone in ((agg.rtt_us, p.rtt_us), (agg.connect_us, p.connect_us)):
-                counts = hist.counts
-                for lower, n in gone.counts.items():
-                    left = counts.get(lower, 0) - n
-                    if left > 0:
-                        counts[lower] = left
-                    else:
-                        counts.pop(lower, None)
+            agg.subtract(p)
 
 
 class WindowStore:

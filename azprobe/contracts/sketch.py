@@ -72,6 +72,16 @@ class Histogram:
         for lower, n in other.counts.items():
             self.counts[lower] = self.counts.get(lower, 0) + n
 
+    def subtract(self, other: "Histogram") -> None:
+        """Take back counts `other` merged in; a bucket that reaches 0 leaves."""
+        counts = self.counts
+        for lower, n in other.counts.items():
+            left = counts.get(lower, 0) - n
+            if left > 0:
+                counts[lower] = left
+            else:
+                counts.pop(lower, None)
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())

@@ -189,6 +189,18 @@ class TcpCounters:
         self.rtt_us.merge(other.rtt_us)
         self.connect_us.merge(other.connect_us)
 
+    def subtract(self, other: "TcpCounters") -> None:
+        """Take back what merge(other) added (the window store, as a window leaves)."""
+        self.conn_attempts -= other.conn_attempts
+        self.conn_ok -= other.conn_ok
+        self.conn_refused -= other.conn_refused
+        self.conn_timeout -= other.conn_timeout
+        self.syn_retrans -= other.syn_retrans
+        self.retrans -= other.retrans
+        self.rto -= other.rto
+        self.rtt_us.subtract(other.rtt_us)
+        self.connect_us.subtract(other.connect_us)
+
 
 @dataclass
 class PathStats(TcpCounters):

@@ -63,3 +63,16 @@ def test_empty_quantile_is_none():
 def test_from_json_rejects_garbage(bad):
     with pytest.raises(ValueError):
         Histogram.from_json(bad)
+
+
+def test_subtract_takes_back_a_merge_and_drops_emptied_buckets():
+    total, part = Histogram(), Histogram()
+    for value, n in ((900, 5), (12_000, 7)):
+        total.record(value, n)
+    part.record(12_000, 7)
+    before = dict(total.counts)
+    total.merge(part)
+    total.subtract(part)
+    assert total.counts == before
+    total.subtract(part)
+    assert total.counts == {bucket_lower_bound(bucket_index(900)): 5}  # 12 ms's bucket reached 0: gone
