@@ -5,8 +5,8 @@ controller (Collector, WindowStore, Decider) the pages the bulk fake agents serv
 (tests/fakeagent.py, compact encoding), already read off the wire, for `--agents` agents
 over `--rounds` rounds, each round one interval later than the last. It times, in CPU
 seconds of this process, each phase of a cycle: decoding the pages, pruning the store,
-ingesting the windows, the survey (the zones seen, and the spike detector fed), and the decision
-(every node's evidence, the quorum's four views, safety). The work of every round after
+ingesting the windows, the survey (the zones seen, and the spike detector fed), and the
+decision (every node's evidence, the quorum's four views, safety). The work of every round after
 the warmup is the same, so the spread between the fastest and the slowest round is the
 box's, not the controller's.
 

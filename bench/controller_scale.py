@@ -1,4 +1,4 @@
-"""Controller scale bench: 5,000 synthetic agents x 3 AZs, one collect+merge+decide cycle per second.
+"""Controller scale bench: 5,000 synthetic agents x 3 AZs, one collect+decide cycle per second.
 
 The agents are served cheaply by ONE separate process (tests/fakeagent.py bulk mode: one
 port, agent N at http://127.0.0.1:PORT/a/N, a new window per agent per second, each agent's
@@ -6,7 +6,7 @@ ending at its own point of the second as in a fleet whose agents started at diff
 times; --lockstep ends them all at one instant, so a cycle that straddles that instant
 takes a second window from some agents), so the
 numbers are the controller's: real HTTP pulls of every agent, parse_window on every
-window, the evaluation-window merge, the spike detector, model + safety for the global
+window, the store's per-node sums, the spike detector, model + safety for the global
 and per-source views. Consul is not involved (publishing is one txn per cycle).
 
 --real-agents serves every agent through the agent's own HTTP server instead

@@ -69,7 +69,7 @@ def decide_views(
     """Decide the global view and each source AZ's view.
 
     `nodes`: each vantage point's evidence over the evaluation window.
-    `seen`: view name -> the zones that view knows of (the merged windows); only their
+    `seen`: view name -> the zones that view knows of (the daemon's `ZonesSeen`); only their
     names and `util` are read (the evidence is the nodes'), and the global view's utils
     are the zones' utilisation for the quorum's figures.
     `states`: the SafetyState of each view from the last cycle (missing: a new view).

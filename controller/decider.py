@@ -103,7 +103,8 @@ class Decider:
                controls: Controls) -> tuple[dict[str, WeightsView], dict[str, ViewJudgement]]:
         """The global view and each source's view (controller/decide.py), and their quorum judgements."""
         zones = {az: ZoneStats(util=u) for az, u in seen.util.items()}
-        views_seen = {GLOBAL_VIEW: zones, **{src: {dst: zones[dst] for dst in dsts} for src, dsts in seen.by_source.items()}}
+        views_seen = {GLOBAL_VIEW: zones,
+                      **{src: {dst: zones[dst] for dst in dsts} for src, dsts in seen.by_source.items()}}
         decided = decide_views(self.evidence(seen), views_seen, rules=self.rules, states=self.safety_states, now=now,
                                controls=controls, spikes={az: r.spike for az, r in spikes.items()})
         views: dict[str, WeightsView] = {}
