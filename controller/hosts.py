@@ -67,10 +67,10 @@ class _Voter(Protocol):
     verdict: ZoneHealth
 
 
-V = TypeVar("V", bound=_Voter)
+_V = TypeVar("_V", bound=_Voter)
 
 
-def median_vote(votes: Sequence[V]) -> V:
+def median_vote(votes: Sequence[_V]) -> _V:
     """The lower middle of `votes` (not empty) in MEDIAN_ORDER. Only the healths are
     sorted, then the names of the votes at the median health: a key tuple per vote cost
     2.5 ms per 5,000 votes, and a cycle of 5,000 nodes takes the median of 30,000."""

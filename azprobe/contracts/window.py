@@ -89,7 +89,8 @@ NAME_RULE = "letters, digits, '.', '_' and '-'"
 _KNOWN_NAMES: set[str] = set()  # names already checked: AZ names repeat in every path of every window
 
 
-def _is_name(value: object, limit: int) -> bool:
+def is_name(value: object, limit: int) -> bool:
+    """A name of 1..`limit` of [A-Za-z0-9._-]; the names seen before are remembered (bounded)."""
     if type(value) is str and value in _KNOWN_NAMES and len(value) <= limit:
         return True
     ok = isinstance(value, str) and 0 < len(value) <= limit and NAME_CHARS.issuperset(value)
@@ -100,12 +101,12 @@ def _is_name(value: object, limit: int) -> bool:
 
 def is_az_name(value: object) -> bool:
     """An AZ name: 1..63 of [A-Za-z0-9._-] (a DNS label's length)."""
-    return _is_name(value, MAX_AZ_NAME)
+    return is_name(value, MAX_AZ_NAME)
 
 
 def is_node_name(value: object) -> bool:
     """A node name: 1..253 of [A-Za-z0-9._-] (a host name's length)."""
-    return _is_name(value, MAX_NODE_NAME)
+    return is_name(value, MAX_NODE_NAME)
 
 
 def name_problem(value: object, limit: int) -> str:
@@ -284,11 +285,6 @@ class Window:
         return doc
 
 
-def is_name(value: object, limit: int) -> bool:
-    """A name of 1..`limit` of [A-Za-z0-9._-]; the names seen before are remembered (bounded)."""
-    return _is_name(value, limit)
-
-
 def name_error(field: str, value: object, limit: int) -> WindowError:
     """The error for a `field` whose `value` is not a name of at most `limit` characters."""
     return WindowError(f"{field}: {printable(value, 40)!r} {name_problem(value, limit)}")
@@ -296,7 +292,7 @@ def name_error(field: str, value: object, limit: int) -> WindowError:
 
 def _name(doc: Mapping, key: str, where: str, limit: int) -> str:
     value = doc.get(key)
-    if not _is_name(value, limit):
+    if not is_name(value, limit):
         raise name_error(f"{where}{key}", value, limit)
     return value  # type: ignore[return-value]
 

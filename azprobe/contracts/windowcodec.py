@@ -277,13 +277,16 @@ def _window_from_compact(raw: bytes | msgspec.Raw) -> Window:
     return _window_from_struct(c)
 
 
+_WINDOW_NAMES = (("node", MAX_NODE_NAME), ("az", MAX_AZ_NAME), ("boot_id", MAX_BOOT_ID))
+
+
 def _window_from_struct(c: _Window) -> Window:
     if c.schema != SCHEMA_VERSION:
         raise WindowError(f"schema: unsupported version {c.schema!r} (this azprobe reads {SCHEMA_VERSION})")
-    if not (is_name(c.node, MAX_NODE_NAME) and is_name(c.az, MAX_AZ_NAME) and is_name(c.boot_id, MAX_BOOT_ID)):
-        field, limit = next((f, n) for f, n in (("node", MAX_NODE_NAME), ("az", MAX_AZ_NAME), ("boot_id", MAX_BOOT_ID))
-                            if not is_name(getattr(c, f), n))
-        raise name_error(field, getattr(c, field), limit)
+    for field, limit in _WINDOW_NAMES:
+        value = getattr(c, field)
+        if not is_name(value, limit):
+            raise name_error(field, value, limit)
     _check_az_names(c.paths, "paths")
     if c.hosts:
         _check_az_names(c.hosts, "hosts")
