@@ -16,8 +16,10 @@ Definitions (docs/contracts.md "Model input"), ``Aggregate.zone_stats``:
   ``ZoneStats.is_evidence(min_samples)`` (the safety rules' ``min_samples``).
 
 ``zones_seen``: util = cpu_weight*cpu + mem_weight*mem (normalised) of each node's mean
-over its windows, averaged over the nodes of the AZ, so a chatty agent does not outweigh a
-quiet one; the ``other`` destination (outside the topology) is no zone.
+over its windows, and an AZ's is the median over its nodes: each node counts once, so a
+chatty agent does not outweigh a quiet one, and one node reporting itself at 100 % cannot
+move its AZ's figure (a mean moved by a third in an AZ of three nodes); `azprobe model`
+takes the same median. The ``other`` destination (outside the topology) is no zone.
 
 Also ``failures_by_zone(windows)``: refused + timed-out connects per destination AZ, the
 spike detector's input (feed it only the windows *new* this cycle, not the whole window).
@@ -25,6 +27,7 @@ spike detector's input (feed it only the windows *new* this cycle, not the whole
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -124,7 +127,7 @@ def zones_seen(nodes: Iterable[NodeSeen], weights: UtilWeights = UtilWeights()) 
     for n in nodes:
         per_az[n.az].append(weights.combine(n.cpu, n.mem))
         dsts_by_source[n.az].update(n.dsts)
-    util = {az: sum(v) / len(v) for az, v in per_az.items()}
+    util = {az: statistics.median(v) for az, v in per_az.items()}
     zone_names = set().union(*dsts_by_source.values()) | set(util)
     zone_names.discard(OTHER_AZ)
     return ZonesSeen(util={az: util.get(az) for az in sorted(zone_names)},

@@ -58,7 +58,7 @@ def _reject_constant(name: str) -> float:
 def read_stats(path: str) -> tuple[dict[str, ZoneStats], list[NodeEvidence] | None]:
     """The zones of STATS.json and, in the per-node form, its vantage points (else None).
     A per-node document's zones are every zone a node saw, with the median of the nodes'
-    `util` figures (the daemon measures utilisation once per AZ)."""
+    `util` figures, as the daemon takes its AZs' utilisation (controller/merge.py)."""
     p = Path(path)
     raw = read_file(p, str(p))
     try:

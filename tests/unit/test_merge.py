@@ -91,7 +91,7 @@ def test_other_destination_is_no_zone():
     assert failures_by_zone([w]) == {"az-b": 0}
 
 
-def test_util_is_weighted_and_averaged_per_node_then_per_az():
+def test_util_is_weighted_and_averaged_per_node_then_the_median_per_az():
     nodes = [NodeSeen("az-b", [], cpu=0.2, mem=0.6),  # n1's mean over its windows
              NodeSeen("az-b", [], cpu=1.0, mem=1.0),
              NodeSeen("az-a", ["az-b", "az-c"], cpu=0.0, mem=0.0)]
@@ -109,6 +109,16 @@ def test_a_chatty_node_counts_once_in_its_az_utilisation():
         store.add("n1", window("n1", "az-b", NOW - seq, [], cpu=0.2, mem=0.6, seq=seq), at=NOW - seq)
     store.add("n2", window("n2", "az-b", NOW, [], cpu=1.0, mem=1.0), at=NOW)
     assert store.zones_seen().util["az-b"] == pytest.approx((0.4 + 1.0) / 2)
+
+
+def test_one_node_reporting_itself_at_full_load_does_not_move_its_az_utilisation():
+    honest = [NodeSeen("az-b", [], cpu=0.3, mem=0.3 + i / 100) for i in range(4)]
+    liar = NodeSeen("az-b", [], cpu=1.0, mem=1.0)
+    assert zones_seen(honest).util["az-b"] == pytest.approx(0.3075)
+    assert zones_seen([*honest, liar]).util["az-b"] == pytest.approx(0.31)
+    # of three nodes at 0.6, one liar would take a mean to 0.73, past the default util_knee 0.7
+    busy = [NodeSeen("az-b", [], cpu=0.6, mem=0.6)] * 2
+    assert zones_seen([*busy, liar]).util["az-b"] == pytest.approx(0.6)
 
 
 def test_by_source_names_the_destinations_each_source_az_reports_on():
