@@ -287,28 +287,27 @@ def _window_from_struct(c: _Window) -> Window:
         value = getattr(c, field)
         if not is_name(value, limit):
             raise name_error(field, value, limit)
-    _check_az_names(c.paths, "paths")
-    if c.hosts:
-        _check_az_names(c.hosts, "hosts")
     paths = []
-    for p in c.paths:
+    for p in c.paths:  # one pass: the names checked as each path is built
+        if not (is_name(p.src, MAX_AZ_NAME) and is_name(p.dst, MAX_AZ_NAME)):
+            raise _az_name_error(p, f"paths[{len(paths)}]")
         paths.append(PathStats(p.src, p.dst, conn_attempts=p.conn_attempts, conn_ok=p.conn_ok,
                                conn_refused=p.conn_refused, conn_timeout=p.conn_timeout,
                                syn_retrans=p.syn_retrans, retrans=p.retrans, rto=p.rto,
                                rtt_us=_hist(p.rtt_us), connect_us=_hist(p.connect_us)))
+    hosts = []
+    for h in c.hosts:
+        if not (is_name(h.src, MAX_AZ_NAME) and is_name(h.dst, MAX_AZ_NAME)):
+            raise _az_name_error(h, f"hosts[{len(hosts)}]")
+        hosts.append(HostStats(h.src, h.dst, h.addr, h.connects, h.failures, h.retrans, h.rto, h.rtt_buckets))
     return check_window(Window(node=c.node, az=c.az, boot_id=c.boot_id, seq=c.seq, start=c.start, end=c.end,
                                util=Utilisation(c.cpu, c.mem), paths=paths, lost_events=c.lost_events,
-                               source=c.source,
-                               hosts=[HostStats(h.src, h.dst, h.addr, h.connects, h.failures, h.retrans, h.rto,
-                                                h.rtt_buckets) for h in c.hosts],
-                               hosts_dropped=c.hosts_dropped))
+                               source=c.source, hosts=hosts, hosts_dropped=c.hosts_dropped))
 
 
-def _check_az_names(items: list[_Path] | list[_Host], section: str) -> None:
-    for i, item in enumerate(items):
-        if not (is_name(item.src, MAX_AZ_NAME) and is_name(item.dst, MAX_AZ_NAME)):
-            key = "dst" if is_name(item.src, MAX_AZ_NAME) else "src"
-            raise name_error(f"{section}[{i}].{key}", getattr(item, key), MAX_AZ_NAME)
+def _az_name_error(item: _Path | _Host, where: str) -> WindowError:
+    key = "dst" if is_name(item.src, MAX_AZ_NAME) else "src"
+    return name_error(f"{where}.{key}", getattr(item, key), MAX_AZ_NAME)
 
 
 def _typed_pending(c: _Window) -> PendingWindow:

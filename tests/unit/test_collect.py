@@ -4,10 +4,13 @@ identity (one URL, one node), the per-node window cap."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from azprobe.controller.collect import Collector
 from azprobe.controller.window_source import AgentCursor, AgentState, AgentTarget
@@ -205,7 +208,7 @@ def test_node_sums_are_the_held_windows_summed_and_a_destination_leaves_with_its
         for az in {w.az for w in held}:
             per_node = [[UtilWeights().combine(w.util.cpu, w.util.mem) for w in held if w.node == n]
                         for n in {w.node for w in held if w.az == az}]
-            assert seen.util[az] == pytest.approx(sum(sum(v) / len(v) for v in per_node) / len(per_node))
+            assert seen.util[az] == pytest.approx(statistics.median(sum(v) / len(v) for v in per_node))
 
     check()
     assert store.zones_seen().by_source == {"az-a": ("az-a", "az-b"), "az-b": ("az-a", "az-b"), "az-c": ("az-c",)}
@@ -214,6 +217,33 @@ def test_node_sums_are_the_held_windows_summed_and_a_destination_leaves_with_its
     seen = store.zones_seen()
     assert seen.zones == ("az-a", "az-b") and "az-c" not in seen.by_source
     assert len(store) == 20
+
+
+@settings(max_examples=60, deadline=None)
+@given(ats=st.lists(st.integers(3960, 4040).map(lambda t: t / 4) | st.floats(990.0, 1010.0), min_size=1, max_size=40),
+       prunes=st.lists(st.integers(3960, 4080).map(lambda t: t / 4) | st.floats(990.0, 1020.0), max_size=4))
+def test_a_prune_takes_out_exactly_the_windows_that_arrived_before_the_horizon(ats, prunes):
+    """Whatever the order windows arrive in (a backlog is back-dated) and wherever a
+    cutoff falls against the store's slots (quarter seconds: on a slot's edge, on a
+    window's arrival), a prune leaves exactly the windows whose arrival is at or after
+    now - horizon, and the node sums hold just those."""
+    from azprobe.contracts.window import parse_window
+
+    store, agent = WindowStore(3.0), FakeAgent("n1", "az-a", [PathSpec(dst="az-b", conn_attempts=1)])
+    arrived = {}
+    for i, at in enumerate(ats):
+        window = parse_window(agent.emit(end=100.0 + i))
+        assert store.add(f"http://a/{i}", window, at)
+        arrived[window.end] = at
+    for now in sorted(prunes):
+        store.prune(now)
+        want = sorted(end for end, at in arrived.items() if at >= now - 3.0)
+        items = store.items()
+        assert sorted(item.window.end for item in items) == want and len(store) == len(want)
+        assert [item.at for item in items] == sorted(item.at for item in items)
+        sums = store.node_input().get("n1", ("", {}))[1]
+        assert sum(agg.conn_attempts for agg in sums.values()) == len(want)
+        arrived = {end: at for end, at in arrived.items() if at >= now - 3.0}
 
 
 # --- identity: a URL is one vantage point (docs/quorum.md "Identity") ------------------
