@@ -9,7 +9,7 @@ from collections import deque
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from azprobe.controller.collect import Collector
@@ -220,6 +220,7 @@ def test_node_sums_are_the_held_windows_summed_and_a_destination_leaves_with_its
 
 
 @settings(max_examples=60, deadline=None)
+@example(ats=[997.0, 996.75, 997.25], prunes=[1000.0])  # a cutoff on an arrival, and on either side of it
 @given(ats=st.lists(st.integers(3960, 4040).map(lambda t: t / 4) | st.floats(990.0, 1010.0), min_size=1, max_size=40),
        prunes=st.lists(st.integers(3960, 4080).map(lambda t: t / 4) | st.floats(990.0, 1020.0), max_size=4))
 def test_a_prune_takes_out_exactly_the_windows_that_arrived_before_the_horizon(ats, prunes):
