@@ -288,7 +288,7 @@ def _window_from_struct(c: _Window) -> Window:
         if not is_name(value, limit):
             raise name_error(field, value, limit)
     paths = []
-    for p in c.paths:  # one pass: the names checked as each path is built
+    for p in c.paths:
         if not (is_name(p.src, MAX_AZ_NAME) and is_name(p.dst, MAX_AZ_NAME)):
             raise _az_name_error(p, f"paths[{len(paths)}]")
         paths.append(PathStats(p.src, p.dst, conn_attempts=p.conn_attempts, conn_ok=p.conn_ok,
