@@ -19,7 +19,8 @@ Definitions (docs/contracts.md "Model input"), ``Aggregate.zone_stats``:
 over its windows, and an AZ's is the median over its nodes: each node counts once, so a
 chatty agent does not outweigh a quiet one, and one node reporting itself at 100 % cannot
 move its AZ's figure (a mean would move by a third of its lie in an AZ of three nodes);
-`azprobe model` takes the same median. The ``other`` destination (outside the topology) is no zone.
+`azprobe model` takes the same median. The ``other`` destination (outside the topology)
+is no zone.
 
 Also ``failures_by_zone(windows)``: refused + timed-out connects per destination AZ, the
 spike detector's input (feed it only the windows *new* this cycle, not the whole window).

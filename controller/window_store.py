@@ -170,25 +170,29 @@ class WindowStore:
     def windows(self) -> list[Window]:
         return [entry[3] for entry in self._heap]
 
+    def _spoken_for(self) -> dict[str, _NodeTotals]:
+        """The nodes some agent URL speaks for last: one URL that renamed itself is one
+        vantage point, not one per name it held within the horizon."""
+        voices = set(self.agent_node.values())
+        return {node: t for node, t in self._nodes.items() if node in voices}
+
     def zones_seen(self, weights: UtilWeights = UtilWeights()) -> ZonesSeen:
-        """The zones the views know of and their utilisation, from every node's sums
-        (controller/merge.py)."""
-        return zones_seen((NodeSeen(t.az, t.dsts, t.cpu / t.windows, t.mem / t.windows) for t in self._nodes.values()),
-                          weights)
+        """The zones the views know of and their utilisation, from the sums of the nodes
+        the quorum judges (node_input), so a URL counts once in its AZ's utilisation as
+        in its votes (controller/merge.py)."""
+        return zones_seen((NodeSeen(t.az, t.dsts, t.cpu / t.windows, t.mem / t.windows)
+                           for t in self._spoken_for().values()), weights)
 
     def node_input(self) -> dict[str, tuple[str, dict[str, Aggregate]]]:
-        """Per node of the evaluation window: (its AZ, dst -> summed counters and histograms),
-        the vantage points the quorum judges (controller/quorum.py). A node counts only
-        while some agent URL speaks for it last: one URL renaming itself every pull is one
-        vantage point, not one per name. The sums are the store's own: read, don't keep."""
-        voices = set(self.agent_node.values())
-        return {node: (t.az, t.dsts) for node, t in self._nodes.items() if node in voices}
+        """Per node of the evaluation window that some agent URL speaks for last (_spoken_for):
+        (its AZ, dst -> summed counters and histograms), the vantage points the quorum
+        judges (controller/quorum.py). The sums are the store's own: read, don't keep."""
+        return {node: (t.az, t.dsts) for node, t in self._spoken_for().items()}
 
     def node_hosts(self) -> dict[str, dict[HostKey, HostSums]]:
         """Per node (as node_input speaks for it), its sums per (dst, address), for the
         nodes whose windows carry the hosts section. Read, don't keep."""
-        voices = set(self.agent_node.values())
-        return {node: t.hosts for node, t in self._nodes.items() if node in voices and t.hosts}
+        return {node: t.hosts for node, t in self._spoken_for().items() if t.hosts}
 
     def forget_agent(self, agent: str) -> None:
         self.agent_node.pop(agent, None)

@@ -275,6 +275,7 @@ def test_a_url_keeps_its_first_name_until_that_name_has_been_silent_for_the_forg
     agent.emit(end=100.0)
     collector.ingest(cursor, agent.body(0), clock())
     agent.node = "n1-renamed"
+    agent.cpu = agent.mem = 0.9  # n1 said 0.3 and 0.5
     agent.emit(end=101.0)
     for _ in range(3):
         clock.now += 4.9
@@ -284,6 +285,11 @@ def test_a_url_keeps_its_first_name_until_that_name_has_been_silent_for_the_forg
     clock.now += 0.4  # n1 silent for 15.1 s: the rename is taken
     assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 1
     assert cursor.node == "n1-renamed"
+    # Until n1's window leaves the horizon the store holds both names; the URL is one
+    # vantage point in the votes and in its AZ's utilisation alike.
+    assert list(collector.store.node_input()) == ["n1-renamed"]
+    assert len(collector.store) == 2
+    assert collector.store.zones_seen().util == {"az-a": pytest.approx(0.9), "az-b": None}  # not n1's 0.4 as well
     collector.store.prune(clock())
     assert list(collector.store.node_input()) == ["n1-renamed"]
 
