@@ -318,7 +318,7 @@ def _drop_tracebacks(error: BaseException) -> None:
         stack += [e.__context__, e.__cause__]
 
 
-_JSON = json.JSONDecoder()
+_JSON = json.JSONDecoder(parse_int=bounded_json.int_parser("prometheus answer"))
 _SPACE = re.compile(r"[ \t\n\r]*")
 _SCALAR_END = re.compile(r"[ \t\n\r,\]}]")
 

@@ -26,6 +26,11 @@ from typing import Any
 # limit.
 MAX_DEPTH = 32
 
+# JSON integers have no bound, and float() of one past 1.8e308 raises OverflowError, which
+# no ValueError handler catches. Every integer azprobe reads fits in 64 bits (Consul's
+# indexes are uint64): 20 digits.
+MAX_INT_DIGITS = 20
+
 _QUOTES_AND_BRACKETS = b'"[]{}'
 _DROP = bytes(b for b in range(256) if b not in _QUOTES_AND_BRACKETS)
 PARENS = bytes.maketrans(b"[]{}", b"()()")  # bytes.translate table: brackets to parens
@@ -78,6 +83,18 @@ def depth_over(parens: bytes, max_depth: int) -> int | None:
     return depth if depth > max_depth else None
 
 
+def int_parser(what: str) -> Callable[[str], int]:
+    """json's parse_int hook: integers of at most MAX_INT_DIGITS digits, else JsonRefused
+    naming `what`."""
+    def parse(text: str) -> int:
+        digits = len(text) - (text[0] == "-")
+        if digits > MAX_INT_DIGITS:
+            raise JsonRefused(f"{what}: an integer of {digits} digits; the numbers read here have at most "
+                              f"{MAX_INT_DIGITS}")
+        return int(text)
+    return parse
+
+
 def check(data: bytes | bytearray | memoryview | str, *, max_bytes: int, what: str,
           max_depth: int = MAX_DEPTH) -> str:
     """The text of `data` when json.loads may safely read it: at most `max_bytes` UTF-8
@@ -106,15 +123,16 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_bytes: int, what: s
           object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """Decode JSON of at most `max_bytes` (UTF-8) bytes nested at most `max_depth` deep.
     `what` names the input in the refusal ("weights document", "request body", ...).
-    Raises JsonRefused for any input it does not decode; the hooks' own exceptions pass
-    through unchanged."""
+    Raises JsonRefused for any input it does not decode, also an integer of more than
+    MAX_INT_DIGITS digits; the hooks' own exceptions pass through unchanged."""
     text = check(data, max_bytes=max_bytes, what=what, max_depth=max_depth)
     try:
-        return json.loads(text, parse_constant=parse_constant, object_pairs_hook=object_pairs_hook)
+        return json.loads(text, parse_int=int_parser(what), parse_constant=parse_constant,
+                          object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as exc:
         raise JsonRefused(f"{what}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except ValueError as exc:
         if type(exc) is not ValueError:  # a hook's own error (a ValueError subclass)
             raise
-        # e.g. an integer literal of thousands of digits
+        # e.g. an integer literal past the interpreter's 4,300 digits
         raise JsonRefused(f"{what}: not valid JSON: {str(exc)[:80]}") from None
