@@ -281,6 +281,12 @@ class Collector:
             self._mark_failed(cursor, self.guard.describe(url, exc))
             self.counters.pull_errors += 1
             return -1
+        except Exception as exc:  # a bug reading one answer costs that pull, not the worker and the agents behind it
+            if not cursor.failures:
+                log.error("agent %s: reading its answer failed", printable(url, 200), exc_info=True)
+            self._mark_failed(cursor, f"reading the answer failed: {type(exc).__name__}")
+            self.counters.pull_errors += 1
+            return -1
         if cursor.failures:
             log.info("agent %s answers again", printable(url, 200))
         cursor.failures = 0

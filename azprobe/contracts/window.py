@@ -30,7 +30,6 @@ Everything in a window comes from the network, so everything is bounded here, on
 from __future__ import annotations
 
 import ipaddress
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,10 +323,9 @@ def _number(doc: Mapping, key: str, where: str, lo: float, hi: float) -> float:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise WindowError(f"{where}{key}: expected a number, got {printable(value, 40)}")
-    value = float(value)
-    if math.isnan(value) or not lo <= value <= hi:
-        raise WindowError(f"{where}{key}: {value} outside {lo}..{hi}")
-    return value
+    if not lo <= value <= hi:  # before float(): a JSON integer past a float's range overflows it
+        raise WindowError(f"{where}{key}: {printable(value, 40)} outside {lo}..{hi}")
+    return float(value)
 
 
 def parse_path(doc: object, where: str = "paths[]") -> PathStats:

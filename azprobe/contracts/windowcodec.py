@@ -336,7 +336,10 @@ def _json_number(doc: object, key: str) -> float | None:
     value = doc.get(key) if isinstance(doc, dict) else None
     if type(value) not in (int, float) or value != value or value in (float("inf"), float("-inf")):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # JSON integers have no bound; one past a float's is no time
+        return None
 
 
 def _page(node: object, az: object, boot_id: object, windows: list[PendingWindow]) -> WindowsPage:

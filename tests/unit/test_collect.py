@@ -386,3 +386,21 @@ def test_a_window_with_an_absurd_end_does_not_silence_its_agent(bad_end):
     agent.emit(end=103.0)
     assert collector.ingest(cursor, agent.body(cursor.last_seq), clock()) == 1
     assert collector.counters.windows_too_old == 0
+
+
+@pytest.mark.parametrize("field", ["end", "start", "cpu", "mem"])
+def test_a_json_integer_past_a_floats_range_is_a_garbage_window_not_a_crash(field):
+    # JSON integers have no bound: float(10**400) raises OverflowError, which no ValueError
+    # handler catches, and the pull worker died with it
+    collector, cursor, agent, clock = make(horizon=5.0)
+    agent.emit(end=100.0)
+    bad = dict(agent.emit(end=101.0))
+    agent.ring.pop()
+    if field in ("cpu", "mem"):
+        bad["util"] = {**bad["util"], field: 10**400}
+    else:
+        bad[field] = 10**400
+    agent.push_raw(bad)
+    agent.emit(end=102.0)
+    assert collector.ingest(cursor, agent.body(0), clock()) == 2
+    assert collector.counters.windows_garbage == 1 and cursor.newest_end == 102.0
