@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from azprobe.contracts import bounded_json
+from azprobe.contracts.window import AZ_NAME_FIX, az_name_problem, printable
 from azprobe.errors import ConfigError
 
 
@@ -122,10 +123,10 @@ class Section:
 
     def number(self, key: str, default: float, *, min: float = -math.inf, max: float = math.inf) -> float:
         value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise ConfigError(self.field(key), f"expected a number, got {value!r}")
-        if not min <= value <= max:
-            raise ConfigError(self.field(key), f"{value} is outside {min}..{max}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN
+            raise ConfigError(self.field(key), f"expected a number, got {value!r:.40}")
+        if not min <= value <= max:  # compared before float(): a TOML integer past a float's range overflows it
+            raise ConfigError(self.field(key), f"{value!r:.40} is outside {min}..{max}")
         return float(value)
 
     def integer(self, key: str, default: int, *, min: int = -(2**63), max: int = 2**63) -> int:
@@ -265,7 +266,7 @@ def parse_host_port(value: str, field: str, *, listen: bool = False) -> tuple[st
     """"host:port" or "[v6]:port" -> (host, port). A listen address may have port 0: the
     kernel picks a free port, which the daemon reports (azprobe.daemon.address_file)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not (0 if listen else 1) <= int(port) < 65536:
+    if not sep or not (len(port) <= 5 and port.isascii() and port.isdigit()) or not (0 if listen else 1) <= int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not host:port", "for example 127.0.0.1:9740")
     return host.strip("[]") or "0.0.0.0", int(port)
 
@@ -274,8 +275,9 @@ def parse_topology(section: Section) -> dict[str, list[ipaddress.IPv4Network | i
     """[topology] AZ name -> list of CIDRs. Rejects bad CIDRs and prefixes shared by two AZs."""
     topology: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
     for az in section.data:
-        if az == "other" or not az.replace("-", "").replace("_", "").isalnum():
-            raise ConfigError(section.field(az), "bad AZ name", "use letters, digits, '-' or '_' (not 'other')")
+        problem = az_name_problem(az)
+        if problem:  # the controller refuses every window that names such an AZ
+            raise ConfigError(section.field(printable(az, 40)), f"AZ name {problem}", AZ_NAME_FIX)
         nets = []
         for cidr in section.string_list(az):
             try:

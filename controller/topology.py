@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from azprobe.config import Section
 from azprobe.contracts.weights import MAX_ZONES
-from azprobe.contracts.window import MAX_AZ_NAME, OTHER_AZ, Window, name_problem, printable
+from azprobe.contracts.window import AZ_NAME_FIX, OTHER_AZ, Window, az_name_problem, printable
 from azprobe.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,9 @@ def parse_topology(section: Section) -> TopologySettings:
     if not azs:
         raise ConfigError(section.field("azs"), "is empty", AZS_HELP)
     for az in azs:
-        problem = name_problem(az, MAX_AZ_NAME)
-        if problem or az == OTHER_AZ:
-            raise ConfigError(section.field("azs"), f"{printable(az, 40)!r} {problem or 'is reserved'}",
-                              "use AZ names of letters, digits, '.', '_', '-' (at most 63)")
+        problem = az_name_problem(az)
+        if problem:
+            raise ConfigError(section.field("azs"), f"{printable(az, 40)!r} {problem}", AZ_NAME_FIX)
     if len(set(azs)) != len(azs):
         raise ConfigError(section.field("azs"), "lists an AZ twice", "list each AZ once")
     if len(azs) > MAX_ZONES:

@@ -127,6 +127,17 @@ def printable(value: object, limit: int = 80) -> str:
     if text.isascii() and text.isprintable():
         return text
     return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+AZ_NAME_FIX = f"use AZ names of {NAME_RULE} (at most {MAX_AZ_NAME}), and not {OTHER_AZ!r}"
+
+
+def az_name_problem(value: object) -> str:
+    """Why `value` cannot name a configured AZ ("" when it can): the windows' name rule,
+    and not `other`, which names the destinations outside the topology."""
+    return name_problem(value, MAX_AZ_NAME) or ("is reserved" if value == OTHER_AZ else "")
+
+
 _KNOWN_ADDRESSES: set[str] = set()  # canonical addresses already checked: hosts repeat in every window
 
 

@@ -41,11 +41,30 @@ def test_topology_rejects_bad_cidr_and_overlap():
     assert [str(n) for n in topo["az-a"]] == ["198.18.1.0/24", "2001:2::/64"]
 
 
+@pytest.mark.parametrize("az, problem", [("zone-é", "contains 'é'"), ("ＡＺ１", "contains"), ("a" * 64, "has 64 characters"),
+                                         ("other", "is reserved"), ("a b", "contains ' '")])
+def test_the_agents_topology_takes_only_names_the_windows_may_carry(az, problem):
+    # isalnum() took Unicode letters and any length: the config loaded, and the controller
+    # then refused every window with a path to that AZ
+    with pytest.raises(ConfigError) as exc:
+        parse_topology(Section({"az-a": ["198.18.1.0/24"], az: ["198.18.2.0/24"]}, "topology"))
+    assert exc.value.exit_code == 2 and f"AZ name {problem}" in str(exc.value) and "\n" not in str(exc.value)
+    assert parse_topology(Section({"az.a_1-x": ["198.18.1.0/24"]}, "topology"))  # the windows' rule allows '.'
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400), float("nan")], ids=["huge", "-huge", "nan"])
+def test_a_number_past_a_floats_range_is_a_config_error_not_a_traceback(value):
+    with pytest.raises(ConfigError, match=r"^controller\.interval_s: ") as exc:
+        Section({"interval_s": value}, "controller").number("interval_s", 1.0, min=0.1, max=3600)
+    assert exc.value.exit_code == 2 and len(str(exc.value)) < 200
+
+
 def test_host_port():
     assert parse_host_port("127.0.0.1:9740", "x") == ("127.0.0.1", 9740)
     assert parse_host_port("[::1]:80", "x") == ("::1", 80)
-    with pytest.raises(ConfigError):
-        parse_host_port("nope", "agent.listen")
+    for bad in ("nope", "127.0.0.1:\u00b2", "127.0.0.1:" + "9" * 5000):  # "²" passes isdigit(), not int()
+        with pytest.raises(ConfigError, match="is not host:port"):
+            parse_host_port(bad, "agent.listen")
 
 
 # --- TOML nesting: bounded before tomllib, which recurses per level ---
