@@ -42,7 +42,7 @@ class ServedState(MetricsSource, Protocol):
 
 def _after(query: dict[str, list[str]]) -> int:
     raw = query.get("after", ["0"])[-1]
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # isdigit() alone takes "²", which int() refuses
         raise ValueError(f"after: expected a non-negative integer, got {raw!r:.40}")
     return int(raw)
 

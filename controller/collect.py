@@ -158,7 +158,15 @@ class Collector:
         for url in list(self.cursors):
             if url not in wanted:
                 del self.cursors[url]
+                self._endpoints.pop(url, None)
                 self.store.forget_agent(url)
+        kept: set[tuple[str, str, int]] = set()
+        for url in wanted:
+            try:
+                kept.add(self._endpoint(url).key)
+            except ValueError:  # a bad URL fails its pulls, each named (HttpError)
+                continue
+        self._http.keep_only(kept)
         for url, target in wanted.items():
             cursor = self.cursors.get(url)
             if cursor is None:

@@ -32,7 +32,7 @@ import asyncio
 import resource
 import ssl
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from azprobe.security.tls import TlsFiles, client_context, peer_fingerprint, peer_names
@@ -103,6 +103,11 @@ class Endpoint:
             raise HttpError(f"{url!r} has port 0: give the server's real port")
         port = port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """The connection pool's key: endpoints that differ only in their path share connections."""
+        return (self.scheme, self.host, self.port)
 
     @property
     def host_header(self) -> str:
@@ -255,7 +260,9 @@ class _Connection(asyncio.Protocol):
             return False
         lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
         status_line = lines[0].split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+        code = status_line[1] if len(status_line) >= 2 else ""
+        # isdigit() alone takes latin-1's "²", which int() refuses with a ValueError
+        if not status_line[0].startswith("HTTP/1.") or not (len(code) == 3 and code.isascii() and code.isdigit()):
             raise HttpError(f"bad status line {lines[0][:60]!r}")
         length: int | None = None
         chunked = False
@@ -266,7 +273,7 @@ class _Connection(asyncio.Protocol):
             name = name.strip().lower()
             value = value.strip()
             if name == "content-length":
-                if not value.isdigit() or len(value) > 18:
+                if not (value.isascii() and value.isdigit()) or len(value) > 18:
                     raise HttpError(f"bad Content-Length {value[:20]!r}")
                 length = int(value)
                 if length > self.max_body_bytes:
@@ -277,7 +284,7 @@ class _Connection(asyncio.Protocol):
                 chunked = "chunked" in value.lower()
             elif name == "connection":
                 keep = value.lower() == "keep-alive" or (keep and value.lower() != "close")
-        self._head = (int(status_line[1]), ctype, length, chunked, keep)
+        self._head = (int(code), ctype, length, chunked, keep)
         del self.buf[:end + 4]
         return True
 
@@ -523,7 +530,7 @@ class AgentHttpClient:
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         raw = (f"GET {ep.path}{path_and_query} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
                f"User-Agent: {self._user_agent}\r\n{extra}\r\n").encode("latin-1")
-        key = (ep.scheme, ep.host, ep.port)
+        key = ep.key
         for attempt in (0, 1):
             conn, reused = await self._take(ep, key, deadline)
             self._watch(conn, deadline)
@@ -574,6 +581,16 @@ class AgentHttpClient:
             except asyncio.TimeoutError:
                 raise TimeoutError("agent did not answer in time") from None
             self._drained(draining)  # its callback may not have run yet
+
+    def keep_only(self, keys: Collection[tuple[str, str, int]]) -> None:
+        """Close the idle connections of every host whose key is not in `keys`, and forget
+        the key: the pool holds the current targets' hosts, however often discovery
+        churns through new addresses."""
+        for key in [k for k in self._idle if k not in keys]:
+            conns = self._idle.pop(key)
+            self._idle_count -= len(conns)
+            for conn in conns:
+                conn.close()
 
     def _follow_context(self) -> None:
         """Rotated client material: idle connections made with the old are closed (busy

@@ -96,10 +96,10 @@ def watchdog_interval(environ: dict[str, str] | None = None) -> float | None:
     """
     env = os.environ if environ is None else environ
     raw_usec = env.get("WATCHDOG_USEC", "")
-    if not raw_usec.isdigit() or int(raw_usec) == 0:
+    if not (raw_usec.isascii() and raw_usec.isdigit()) or int(raw_usec) == 0:
         return None
     raw_pid = env.get("WATCHDOG_PID", "")
-    if raw_pid and (not raw_pid.isdigit() or int(raw_pid) != os.getpid()):
+    if raw_pid and (not (raw_pid.isascii() and raw_pid.isdigit()) or int(raw_pid) != os.getpid()):
         return None
     return int(raw_usec) / 1e6
 

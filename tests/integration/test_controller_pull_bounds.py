@@ -106,6 +106,17 @@ def test_a_body_over_the_cap_is_refused_without_reading_it():
     assert "exceeds the cap of 1048576" in error
 
 
+@pytest.mark.parametrize("head, problem", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n", "bad Content-Length"),
+    (b"HTTP/1.1 2\xb20 OK\r\nContent-Length: 0\r\n\r\n", "bad status line"),
+], ids=["content-length", "status"])
+def test_a_head_with_latin1_digits_is_a_bad_answer_at_once(head, problem):
+    # str.isdigit() takes "\xb2" (²), which int() refuses: a ValueError out of the
+    # protocol's data_received, and the pull ended only by its timeout
+    error = _failed_pull(lambda w: w.write(head))
+    assert problem in error and "timeout" not in error, error
+
+
 def test_a_flood_of_one_byte_chunks_is_cut_short():
     """1.2 MB of 1-byte chunks: the old client parsed them all (1.8 s of CPU, the whole
     body re-scanned per read); now the chunk cap ends the pull after a few thousand."""
@@ -176,3 +187,29 @@ def test_a_deeply_nested_page_is_one_failed_pull_and_the_others_are_pulled(body,
     error = collector.cursors[urls[0]].last_error
     assert "nested" in error and "\n" not in error, error
     assert all(collector.cursors[u].failures == 0 for u in urls[1:])
+
+
+def test_the_per_url_state_is_that_of_the_current_targets_however_discovery_churns():
+    """A new agent address every cycle (pods rescheduled, nodes re-registered): the parsed
+    endpoints and the pool's per-host lists held one entry per address ever pulled."""
+    import socket
+
+    def closed_port() -> int:  # refused at once: the pull fails fast, after the pool made its entry
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    collector = _collector(f"http://127.0.0.1:{closed_port()}", pull_timeout_s=2.0)
+
+    async def scenario() -> None:
+        try:
+            for _ in range(30):
+                collector.set_targets([AgentTarget(f"http://127.0.0.1:{closed_port()}/a")])
+                result = await collector.pull_all()
+                assert result.failed == 1
+        finally:
+            await collector.close()
+
+    asyncio.run(scenario())
+    assert len(collector._endpoints) == 1 and len(collector._http._idle) <= 1, \
+        (len(collector._endpoints), len(collector._http._idle))

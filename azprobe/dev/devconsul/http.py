@@ -116,7 +116,7 @@ def _check_dc(request: web.Request) -> None:
 
 def _parse_uint(text: str) -> int:
     # Consul hands strconv's error straight back as a 500
-    if not text.isdigit() or int(text) >= 2**64:
+    if not (text.isascii() and text.isdigit()) or int(text) >= 2**64:
         raise HTTPError(500, f'strconv.ParseUint: parsing "{text}": invalid syntax')
     return int(text)
 
@@ -199,7 +199,7 @@ async def _blocking(request: web.Request, compute: Compute) -> tuple[int, Any]:
             raise HTTPError(400, "Invalid wait time") from None
     if query.get("index"):
         text = query["index"]
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             raise HTTPError(400, "Invalid index")
         min_index = int(text)
     server = _server(request)
