@@ -26,10 +26,10 @@ from typing import Any
 # limit.
 MAX_DEPTH = 32
 
-# JSON integers have no bound, and float() of one past 1.8e308 raises OverflowError, which
-# no ValueError handler catches. Every integer azprobe reads fits in 64 bits (Consul's
-# indexes are uint64): 20 digits.
-MAX_INT_DIGITS = 20
+# JSON integers have no bound, and float() of one past 1.8e308 raises OverflowError,
+# which no ValueError handler catches. Those a float holds reach the reader's own checks,
+# which name the field ("generation: out of range"). Up to this many digits, any does.
+MAX_INT_DIGITS = 308
 
 _QUOTES_AND_BRACKETS = b'"[]{}'
 _DROP = bytes(b for b in range(256) if b not in _QUOTES_AND_BRACKETS)
@@ -84,14 +84,16 @@ def depth_over(parens: bytes, max_depth: int) -> int | None:
 
 
 def int_parser(what: str) -> Callable[[str], int]:
-    """json's parse_int hook: integers of at most MAX_INT_DIGITS digits, else JsonRefused
-    naming `what`."""
+    """json's parse_int hook: the integers a float holds, else JsonRefused naming `what`."""
     def parse(text: str) -> int:
-        digits = len(text) - (text[0] == "-")
-        if digits > MAX_INT_DIGITS:
-            raise JsonRefused(f"{what}: an integer of {digits} digits; the numbers read here have at most "
-                              f"{MAX_INT_DIGITS}")
-        return int(text)
+        value = int(text)  # past the interpreter's 4,300 digits a ValueError: loads refuses it
+        if len(text) > MAX_INT_DIGITS:
+            try:
+                float(value)
+            except OverflowError:
+                raise JsonRefused(f"{what}: an integer of {len(text.lstrip('-'))} digits, more than a float holds") \
+                    from None
+        return value
     return parse
 
 
