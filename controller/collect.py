@@ -160,13 +160,6 @@ class Collector:
                 del self.cursors[url]
                 self._endpoints.pop(url, None)
                 self.store.forget_agent(url)
-        kept: set[tuple[str, str, int]] = set()
-        for url in wanted:
-            try:
-                kept.add(self._endpoint(url).key)
-            except ValueError:  # a bad URL fails its pulls, each named (HttpError)
-                continue
-        self._http.keep_only(kept)
         for url, target in wanted.items():
             cursor = self.cursors.get(url)
             if cursor is None:
@@ -285,14 +278,10 @@ class Collector:
         except AnswerRefused as exc:  # counted by ingest, or by the guard
             self._mark_failed(cursor, str(exc))
             return -1
-        except (OSError, ValueError, TypeError, KeyError) as exc:  # refused, reset, HttpError, bad JSON
-            self._mark_failed(cursor, self.guard.describe(url, exc))
-            self.counters.pull_errors += 1
-            return -1
-        except Exception as exc:  # a bug reading one answer costs that pull, not the worker and the agents behind it
-            if not cursor.failures:
+        except Exception as exc:  # refused, reset, HttpError, bad JSON; a bug here costs this pull, not the worker
+            if not isinstance(exc, (OSError, ValueError, TypeError, KeyError)) and not cursor.failures:
                 log.error("agent %s: reading its answer failed", printable(url, 200), exc_info=True)
-            self._mark_failed(cursor, f"reading the answer failed: {type(exc).__name__}")
+            self._mark_failed(cursor, self.guard.describe(url, exc))
             self.counters.pull_errors += 1
             return -1
         if cursor.failures:

@@ -32,7 +32,7 @@ import asyncio
 import resource
 import ssl
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from azprobe.security.tls import TlsFiles, client_context, peer_fingerprint, peer_names
@@ -114,6 +114,12 @@ class Endpoint:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
         return host if self.port == default else f"{host}:{self.port}"
+
+
+def _is_decimal(text: str, max_digits: int) -> bool:
+    """1..max_digits ASCII digits. str.isdigit() alone takes latin-1's "²", which int()
+    refuses with a ValueError no handler of a protocol's data_received expects."""
+    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
 class _Connection(asyncio.Protocol):
@@ -260,9 +266,7 @@ class _Connection(asyncio.Protocol):
             return False
         lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
         status_line = lines[0].split(" ", 2)
-        code = status_line[1] if len(status_line) >= 2 else ""
-        # isdigit() alone takes latin-1's "²", which int() refuses with a ValueError
-        if not status_line[0].startswith("HTTP/1.") or not (len(code) == 3 and code.isascii() and code.isdigit()):
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not _is_decimal(status_line[1], 3):
             raise HttpError(f"bad status line {lines[0][:60]!r}")
         length: int | None = None
         chunked = False
@@ -273,7 +277,7 @@ class _Connection(asyncio.Protocol):
             name = name.strip().lower()
             value = value.strip()
             if name == "content-length":
-                if not (value.isascii() and value.isdigit()) or len(value) > 18:
+                if not _is_decimal(value, 18):
                     raise HttpError(f"bad Content-Length {value[:20]!r}")
                 length = int(value)
                 if length > self.max_body_bytes:
@@ -284,7 +288,7 @@ class _Connection(asyncio.Protocol):
                 chunked = "chunked" in value.lower()
             elif name == "connection":
                 keep = value.lower() == "keep-alive" or (keep and value.lower() != "close")
-        self._head = (int(code), ctype, length, chunked, keep)
+        self._head = (int(status_line[1]), ctype, length, chunked, keep)
         del self.buf[:end + 4]
         return True
 
@@ -503,14 +507,13 @@ class AgentHttpClient:
 
     def _keep(self, key: tuple[str, str, int], conn: _Connection) -> None:
         """Back to the idle pool, unless the pool is full or it was made with old material."""
-        idle = self._idle.setdefault(key, [])
         if conn.context is not None and conn.context is not self._context:
             self._follow_context()
         if conn.context is not None and conn.context is not self._context:
             self.counters["rotated"] += 1
             conn.close()
-        elif len(idle) < self.max_idle_per_host and self._idle_count < self.max_idle_total:
-            idle.append(conn)
+        elif len(self._idle.get(key, ())) < self.max_idle_per_host and self._idle_count < self.max_idle_total:
+            self._idle.setdefault(key, []).append(conn)
             self._idle_count += 1
         else:
             conn.close()
@@ -565,11 +568,15 @@ class AgentHttpClient:
         request's deadline) rather than paying a handshake for another."""
         if ep.scheme == "https":
             self._follow_context()
-        idle = self._idle.setdefault(key, [])
         while True:
+            # Only hosts with an idle connection have a list: however discovery churns through
+            # new addresses, the pool holds at most max_idle_total of them.
+            idle = self._idle.get(key)
             while idle:
                 candidate = idle.pop()
                 self._idle_count -= 1
+                if not idle:
+                    del self._idle[key]
                 if not candidate.closed:
                     return candidate, True
             draining = self._draining_https.get(key)
@@ -581,16 +588,6 @@ class AgentHttpClient:
             except asyncio.TimeoutError:
                 raise TimeoutError("agent did not answer in time") from None
             self._drained(draining)  # its callback may not have run yet
-
-    def keep_only(self, keys: Collection[tuple[str, str, int]]) -> None:
-        """Close the idle connections of every host whose key is not in `keys`, and forget
-        the key: the pool holds the current targets' hosts, however often discovery
-        churns through new addresses."""
-        for key in [k for k in self._idle if k not in keys]:
-            conns = self._idle.pop(key)
-            self._idle_count -= len(conns)
-            for conn in conns:
-                conn.close()
 
     def _follow_context(self) -> None:
         """Rotated client material: idle connections made with the old are closed (busy
@@ -604,7 +601,7 @@ class AgentHttpClient:
                 if conn.context is not None and conn.context is not context:
                     self.counters["rotated"] += 1
                     conn.close()
-            conns[:] = [c for c in conns if not c.closed]
+        self._idle = {key: kept for key, conns in self._idle.items() if (kept := [c for c in conns if not c.closed])}
         self._idle_count = sum(len(c) for c in self._idle.values())
 
     def close(self) -> None:

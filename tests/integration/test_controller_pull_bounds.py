@@ -207,9 +207,9 @@ def test_the_per_url_state_is_that_of_the_current_targets_however_discovery_chur
                 collector.set_targets([AgentTarget(f"http://127.0.0.1:{closed_port()}/a")])
                 result = await collector.pull_all()
                 assert result.failed == 1
+            assert len(collector._endpoints) == 1 and len(collector._http._idle) <= 1, \
+                (len(collector._endpoints), len(collector._http._idle))
         finally:
             await collector.close()
 
     asyncio.run(scenario())
-    assert len(collector._endpoints) == 1 and len(collector._http._idle) <= 1, \
-        (len(collector._endpoints), len(collector._http._idle))
