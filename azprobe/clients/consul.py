@@ -37,6 +37,7 @@ import consul
 import consul.base
 import consul.std
 import requests
+import urllib3
 
 from azprobe.clients import consul_tls
 from azprobe.clients.consul_tls import parse_bool
@@ -257,9 +258,47 @@ def resolve_token(token_file: str | None, field_name: str) -> dict[str, str | No
 # --- client -------------------------------------------------------------------------
 
 class _BoundedHTTPClient(consul.std.HTTPClient):
-    """py-consul's HTTP client, refusing an answer too large or too deeply nested before
-    py-consul's own json.loads reads it (refused as a ConsulException, so callers see a
-    ConsulError like any failed read)."""
+    """py-consul's HTTP client, with every answer read under two bounds before py-consul
+    sees it: at most MAX_ANSWER_BYTES (refused from Content-Length when it says more,
+    else once one byte more has arrived), and complete within the request's timeout as
+    py-consul computes it (settings.timeout_s, plus a blocking query's wait and jitter).
+    requests alone checks neither: it reads the whole body into memory, and its timeout
+    applies to each socket read, so a server dripping bytes holds a read forever. A JSON
+    answer nested too deeply is refused too, before py-consul's own json.loads reads it.
+    Refusals are ConsulExceptions, so callers see a ConsulError like any failed read."""
+
+    def get(self, callback: Callable[[consul.base.Response], Any], path: str, params: Any = None,
+            headers: dict[str, str] | None = None, raw: bool = False) -> Any:
+        return callback(self._send("GET", path, params, raw, headers=headers))
+
+    def put(self, callback: Callable[[consul.base.Response], Any], path: str, params: Any = None,
+            data: str | bytes = "", headers: dict[str, str] | None = None) -> Any:
+        return callback(self._send("PUT", path, params, False, headers=headers, data=data))
+
+    def delete(self, callback: Callable[[consul.base.Response], Any], path: str, params: Any = None,
+               data: str | bytes = "", headers: dict[str, str] | None = None) -> Any:
+        return callback(self._send("DELETE", path, params, False, headers=headers, data=data))
+
+    def post(self, callback: Callable[[consul.base.Response], Any], path: str, params: Any = None,
+             data: str = "", headers: dict[str, str] | None = None) -> Any:
+        return callback(self._send("POST", path, params, False, headers=headers, data=data))
+
+    def _send(self, method: str, path: str, params: Any, raw: bool, **kwargs: Any) -> consul.base.Response:
+        limit_s = self.timeout(params)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        # stream=True: requests returns once the headers are in, leaving the body to
+        # _read_body; verify, cert and the session (its TLS adapter) are py-consul's own.
+        response = self.session.request(method, self.uri(path, params), verify=self.verify, cert=self.cert,
+                                        timeout=limit_s, stream=True, **kwargs)
+        try:
+            _check_length(response)
+            response._content = _read_body(response, deadline, limit_s)
+            response._content_consumed = True
+        finally:
+            # After a refusal the rest of the body is unread: close() drops the connection
+            # instead of handing it back to the pool half-read.
+            response.close()
+        return self.response(response, raw)
 
     def response(self, response: requests.Response, raw: bool = False) -> consul.base.Response:
         if not raw:
@@ -268,6 +307,73 @@ class _BoundedHTTPClient(consul.std.HTTPClient):
             except bounded_json.JsonRefused as exc:
                 raise consul.ConsulException(str(exc)) from None
         return super().response(response, raw)
+
+
+READ_CHUNK_BYTES = 64 << 10
+
+
+def _check_length(response: requests.Response) -> None:
+    """Refuse before reading when the answer announces more than MAX_ANSWER_BYTES."""
+    announced = response.headers.get("Content-Length", "").strip()
+    if announced.isascii() and announced.isdigit() and int(announced) > MAX_ANSWER_BYTES:
+        raise consul.ConsulException(f"Consul's answer of {int(announced)} bytes (its Content-Length) "
+                                     f"exceeds the limit of {MAX_ANSWER_BYTES}")
+
+
+def _read_body(response: requests.Response, deadline: float | None, limit_s: float | None) -> bytes:
+    """The decoded body: at most MAX_ANSWER_BYTES + 1 bytes read, complete by `deadline`."""
+    body = bytearray()
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise _late(limit_s)
+        chunk = _read_some(response, min(READ_CHUNK_BYTES, MAX_ANSWER_BYTES + 1 - len(body)), remaining, limit_s)
+        if not chunk:
+            return bytes(body)
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise consul.ConsulException(f"Consul's answer exceeds the limit of {MAX_ANSWER_BYTES} bytes")
+
+
+def _read_some(response: requests.Response, amt: int, remaining: float | None,
+               limit_s: float | None) -> bytes:
+    """One socket read's worth (read1: a plain read waits for all `amt` bytes, which a
+    drip never completes), with the socket's timeout cut to the time left, so a server
+    that stalls near the deadline cannot hold the read a whole timeout past it."""
+    shortened = remaining is not None and limit_s is not None and remaining < limit_s
+    if shortened:
+        _set_socket_timeout(response, remaining)
+    raw = response.raw
+    try:
+        if hasattr(raw, "read1"):
+            return raw.read1(amt, decode_content=True)
+        return raw.read(amt, decode_content=True)  # urllib3 1.x: no read1
+    except urllib3.exceptions.ReadTimeoutError as exc:
+        if shortened:
+            raise _late(limit_s) from None
+        raise requests.exceptions.ConnectionError(exc) from None  # as requests' own body read maps it
+    except urllib3.exceptions.SSLError as exc:
+        raise requests.exceptions.SSLError(exc) from None
+    except urllib3.exceptions.DecodeError as exc:
+        raise requests.exceptions.ContentDecodingError(exc) from None
+    except urllib3.exceptions.ProtocolError as exc:
+        raise requests.exceptions.ChunkedEncodingError(exc) from None
+
+
+def _set_socket_timeout(response: requests.Response, seconds: float | None) -> None:
+    """Best effort: urllib3 keeps a streamed answer's connection as `_connection`; when it
+    is not there the read is still bounded, by one more socket timeout."""
+    sock = getattr(getattr(response.raw, "_connection", None), "sock", None)
+    if sock is not None:
+        try:
+            sock.settimeout(seconds)
+        except OSError:
+            pass
+
+
+def _late(limit_s: float | None) -> consul.ConsulException:
+    limit = "its time limit" if limit_s is None else f"{limit_s:g} s (the read's time limit)"
+    return consul.ConsulException(f"Consul's answer was not complete within {limit}")
 
 
 class _BoundedConsul(consul.Consul):
@@ -375,13 +481,53 @@ def read_key(client: consul.Consul, key: str, *, index: int = 0, wait_s: float |
     new_index, data = _blocking_read(client, f"reading {key!r}", index, wait_s,
                                      lambda wait: client.kv.get(key, index=index or None, wait=wait, recurse=recurse))
     if recurse:
-        entries = {item["Key"]: item.get("Value") for item in (data or [])}
+        entries = _entries(data, client, key)
         if not entries and require_nonempty:
             raise ConsulEmptyPrefix(f"Consul at {address_of(client)} returned no keys under {key!r} "
                                     f"(missing, or hidden by ACLs: {TOKEN_HELP})")
         return KeyState(index=new_index, entries=entries)
-    value = None if data is None else (data.get("Value") or b"")
-    return KeyState(index=new_index, value=value)
+    return KeyState(index=new_index, value=_value(data, client, key))
+
+
+def _bad_shape(client: consul.Consul, key: str, expected: str, data: Any) -> ConsulError:
+    return ConsulError(f"Consul's answer for {key!r} from {address_of(client)}: expected {expected}, "
+                       f"got {type(data).__name__} {_excerpt(data)}")
+
+
+def _excerpt(data: Any) -> str:
+    """A short one-line view of what was read, for the error message."""
+    return " ".join(repr(data)[:80].split())
+
+
+def _value(data: Any, client: consul.Consul, key: str) -> bytes | None:
+    """A single key's bytes from py-consul's decoded answer (None: a 404, the key is
+    absent). A 200 answer must be one KV object: anything else is refused, never taken
+    for "absent" or for an empty value."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or not isinstance(data.get("Key"), str):
+        raise _bad_shape(client, key, "a list of one KV object with a string Key", data)
+    value = data.get("Value")
+    if value is not None and not isinstance(value, bytes):
+        raise _bad_shape(client, key, "a base64 string or null as its Value", value)
+    return value or b""
+
+
+def _entries(data: Any, client: consul.Consul, key: str) -> dict[str, bytes | None]:
+    """key -> bytes of a recursive read's answer (None: a 404, no key under the prefix)."""
+    if data is None:
+        return {}
+    if not isinstance(data, list):
+        raise _bad_shape(client, key, "a list of KV objects", data)
+    entries: dict[str, bytes | None] = {}
+    for item in data:
+        if not isinstance(item, Mapping) or not isinstance(item.get("Key"), str):
+            raise _bad_shape(client, key, "KV objects with a string Key", item)
+        value = item.get("Value")
+        if value is not None and not isinstance(value, bytes):
+            raise _bad_shape(client, key, "a base64 string or null as each Value", value)
+        entries[item["Key"]] = value
+    return entries
 
 
 MAX_INSTANCES = 10_000  # instances of one service read from the catalog; more is refused
@@ -525,7 +671,9 @@ class KeyWatch:
     `run(on_change, stop)` loops until `stop` is set, calling `on_change(state)` when the
     value differs from the last one delivered (the first successful read always counts),
     and `on_error(exc)` on every failed call before backing off. Consul returning
-    without a change (timeout, idempotent write) is not a change.
+    without a change (timeout, idempotent write) is not a change. Nothing a call or a
+    callback raises ends the loop (fail static): an exception that is not a ConsulError
+    counts as a failed call too, reaching `on_error` as a one-line ConsulError.
     """
 
     def __init__(self, client: consul.Consul, key: str, *, recurse: bool = False,
@@ -544,6 +692,7 @@ class KeyWatch:
         self.index = 0
         self.errors = 0  # failed calls since creation
         self.consecutive_errors = 0
+        self._unexpected = 0  # failures that were not ConsulErrors
         self._last_started: float | None = None
 
     def poll(self) -> KeyState:
@@ -562,17 +711,8 @@ class KeyWatch:
                 return
             try:
                 state = self.poll()
-            except ConsulError as exc:
-                self.errors += 1
-                self.consecutive_errors += 1
-                # An error may mean the server restarted with other indexes: start over.
-                self.index = 0
-                if on_error is not None:
-                    on_error(exc)
-                delay = backoff_delay(self.consecutive_errors - 1, self.backoff_base_s,
-                                      self.backoff_cap_s, self.rng)
-                log.debug("watch %s: %s; retrying in %.2fs", self.key, exc, delay)
-                if stop.wait(delay):
+            except Exception as exc:  # fail static: no answer, however odd, ends the watch
+                if stop.wait(self._failed(self._as_consul_error(exc), on_error)):
                     return
                 continue
             self.consecutive_errors = 0
@@ -580,4 +720,39 @@ class KeyWatch:
                 return
             if delivered is None or (state.value, state.entries) != (delivered.value, delivered.entries):
                 delivered = state
-                on_change(state)
+                self._deliver(on_change, state)
+
+    def _as_consul_error(self, exc: Exception) -> ConsulError:
+        """ConsulErrors as they are; anything else is a bug here or in py-consul, logged
+        with its traceback the first time (later ones at debug, so a server repeating a
+        bad answer cannot flood the log) and passed on as one line."""
+        if isinstance(exc, ConsulError):
+            return exc
+        self._unexpected += 1
+        level = logging.ERROR if self._unexpected == 1 else logging.DEBUG
+        log.log(level, "watch %s: unexpected %s reading Consul", self.key, type(exc).__name__, exc_info=True)
+        return ConsulError(f"reading {self.key!r} from {address_of(self.client)} failed unexpectedly: "
+                           f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+
+    def _failed(self, exc: ConsulError, on_error: Callable[[ConsulError], None] | None) -> float:
+        """Count a failed call and return how long to back off."""
+        self.errors += 1
+        self.consecutive_errors += 1
+        # An error may mean the server restarted with other indexes: start over.
+        self.index = 0
+        if on_error is not None:
+            try:
+                on_error(exc)
+            except Exception:
+                log.exception("watch %s: on_error callback failed", self.key)
+        delay = backoff_delay(self.consecutive_errors - 1, self.backoff_base_s, self.backoff_cap_s, self.rng)
+        log.debug("watch %s: %s; retrying in %.2fs", self.key, exc, delay)
+        return delay
+
+    def _deliver(self, on_change: Callable[[KeyState], None], state: KeyState) -> None:
+        """A failing callback is the caller's bug: logged, and the watch goes on (the
+        same state is not delivered again; the next change is)."""
+        try:
+            on_change(state)
+        except Exception:
+            log.exception("watch %s: on_change callback failed", self.key)
