@@ -253,17 +253,47 @@ def status_of(state: str, *, doc_: WeightsDoc | None = None, absent: bool = Fals
 
 def test_the_watchers_states_map_to_reasons() -> None:
     fresh = doc(DRAINED_C)
-    assert usable_weights(fresh, status_of(WATCH_FRESH, doc_=fresh)).reason == FRESH
-    held = usable_weights(fresh, status_of(WATCH_FRESH, doc_=fresh, absent=True))
+    assert usable_weights(status_of(WATCH_FRESH, doc_=fresh)).reason == FRESH
+    held = usable_weights(status_of(WATCH_FRESH, doc_=fresh, absent=True))
     assert held.doc is fresh and held.held == "key absent"
     expired = doc(DRAINED_C, now=time.time() - 120)
-    stale = usable_weights(None, status_of(STALE, doc_=expired))
+    stale = usable_weights(status_of(STALE, doc_=expired))
     assert stale.doc is None and stale.reason == STALE_REASON and "expired (generation 7)" in stale.detail
-    assert usable_weights(None, status_of(EMPTY, absent=True)).reason == ABSENT
-    assert usable_weights(None, status_of(EMPTY, errors=3, last_error="refused")).reason == UNREACHABLE
-    assert usable_weights(None, status_of(EMPTY, rejected=1, last_error="rejected document at k: x")).reason \
+    assert usable_weights(status_of(EMPTY, absent=True)).reason == ABSENT
+    assert usable_weights(status_of(EMPTY, errors=3, last_error="refused")).reason == UNREACHABLE
+    assert usable_weights(status_of(EMPTY, rejected=1, last_error="rejected document at k: x")).reason \
         == REJECTED
-    assert usable_weights(None, status_of(EMPTY)).reason == WAITING
+    assert usable_weights(status_of(EMPTY)).reason == WAITING
+
+
+def test_a_document_landing_while_the_weights_are_read_gives_one_consistent_answer() -> None:
+    # The real watcher; the fresh document arrives in the middle of the extender's read
+    # of it (here from the watcher's own clock call, where its watch thread could land
+    # it): the answer follows one state of the watcher, never a mix, never an exception.
+    from azprobe.clients.consul import ConsulSettings, KeyState
+    from azprobe.consumers.scheduler.server import WatcherSource
+    from azprobe.consumers.watch import WeightWatcher
+
+    t0 = time.time()
+    landing: list[bytes] = []
+
+    def clock() -> float:
+        if landing:
+            watcher._on_state(KeyState(index=3, value=landing.pop()))
+        return now[0]
+
+    now = [t0]
+    watcher = WeightWatcher(ConsulSettings(), clock=clock)
+    watcher._on_state(KeyState(index=2, value=doc(DRAINED_C, now=t0, ttl_s=60.0).dumps().encode()))
+    now[0] = t0 + 61  # the held document expired; its leader's next one is on its way
+    replacement = WeightsDoc(8, now[0], now[0] + 60, "ctl", "default", "degraded",
+                             {az: zone(share, state) for az, (share, state) in HALF_B.items()})
+    landing.append(replacement.dumps().encode())
+    ext = Extender(WatcherSource(watcher), NodeZones(), max_nodes=100)
+    first = ext.observe()
+    assert first.doc is None and first.reason == STALE_REASON  # the state it read: the expired one
+    second = ext.observe()
+    assert second.reason == FRESH and second.doc is not None and second.doc.generation == 8
 
 
 # --- bad input: 400 naming the problem --------------------------------------------------

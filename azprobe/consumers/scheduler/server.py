@@ -11,7 +11,7 @@ must arrive within `extender.request_timeout_s` (else 408); a body that is not a
 ExtenderArgs gets 400 with a message naming the field, never a 500. HTTPS material
 (`extender.tls_*`) follows its files on disk and SIGHUP, through tls.RotatingContext.
 
-Which weights (fail static): the WeightWatcher's `snapshot()`, the fresh document. A
+Which weights (fail static): the fresh document of one WeightWatcher `status()`. A
 document the watcher holds while Consul is down or the key is gone stays in use until
 its `expires_at`, by the contract every reader follows. Without a fresh document the
 answers are neutral (nothing filtered, equal scores) and `Error` stays empty: a filter
@@ -41,7 +41,7 @@ from azprobe.consumers.scheduler.config import ExtenderConfig, ExtenderSettings,
 from azprobe.consumers.scheduler.protocol import (REASON_FAILOVER, BadRequest, filter_result, parse_args,
                                                   priority_list)
 from azprobe.consumers.scheduler.zones import NodeZones
-from azprobe.consumers.watch import EMPTY, STALE, WatcherStatus, WeightWatcher
+from azprobe.consumers.watch import FRESH as FRESH_STATE, STALE, WatcherStatus, WeightWatcher
 from azprobe.contracts import prom
 from azprobe.contracts.weights import WeightsDoc
 from azprobe.errors import ConfigError
@@ -67,8 +67,13 @@ class Usable:
     held: str = ""  # a fresh document kept although Consul cannot confirm it: why
 
 
-def usable_weights(fresh: WeightsDoc | None, status: WatcherStatus) -> Usable:
-    """The watcher's view as (document, reason). Pure."""
+def usable_weights(status: WatcherStatus) -> Usable:
+    """The watcher's view as (document, reason). Pure.
+
+    Everything comes from the one status: the document and its state were read together,
+    so a document landing meanwhile cannot make them disagree (a separate snapshot() read
+    could be None while the status already says fresh)."""
+    fresh = status.doc if status.state == FRESH_STATE else None
     if fresh is not None:
         held = "key absent" if status.key_absent else ""
         detail = f"weights generation {fresh.generation} from {status.key}"
@@ -80,7 +85,6 @@ def usable_weights(fresh: WeightsDoc | None, status: WatcherStatus) -> Usable:
     if status.state == STALE:
         return Usable(None, STALE_REASON, f"the weights at {status.key} expired (generation "
                                           f"{status.doc.generation if status.doc else '?'})")
-    assert status.state == EMPTY
     if status.rejected and status.last_error and status.last_error.startswith("rejected"):
         return Usable(None, REJECTED, status.last_error)
     if status.errors:
@@ -99,7 +103,7 @@ class WatcherSource:
         self.watcher = watcher
 
     def usable(self) -> Usable:
-        return usable_weights(self.watcher.snapshot(), self.watcher.status())
+        return usable_weights(self.watcher.status())
 
 
 class ExtenderMetrics:
