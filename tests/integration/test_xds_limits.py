@@ -101,3 +101,38 @@ def test_a_stream_idle_past_the_timeout_is_ended_with_unavailable_and_a_busy_one
         assert xds.metric("azprobe_xds_refused_streams_total", reason="idle") == 1
     finally:
         xds.stop()
+
+
+def test_a_wildcard_delta_stream_cycling_invented_names_is_answered_and_stays_bounded(devconsul, tmp_path):
+    # Each request subscribes to names that do not exist and unsubscribes the previous
+    # ones, within max_resource_names. The server answers each name absent once and
+    # forgets it on unsubscribe: the stream is served to the end, not ended for what it
+    # tracks (2 x 8 names + the snapshot's resources), and no memory is left behind.
+    _put(devconsul, 1, 50)
+    xds = h.XdsProcess(h.write_config(tmp_path, devconsul.url, xds={"max_resource_names": 8}), tmp_path).start()
+
+    async def run():
+        async with grpc.aio.insecure_channel(xds.address) as ch:
+            s = h.Stream(h.ads_stub(ch).DeltaAggregatedResources())
+            await s.send(h.delta(h.CDS))  # legacy wildcard
+            first = await s.recv()
+            removed, prev, nonce = [], [], first.nonce
+            for round_ in range(10):
+                names = [f"nope-{round_}-{i}" for i in range(4)]
+                await s.send(h.delta(h.CDS, names, prev, zone=None, nonce=nonce))
+                r = await s.recv()
+                if r is None:
+                    break
+                removed.append(sorted(r.removed_resources))
+                prev, nonce = names, r.nonce
+            status = (s.status, s.details)
+            s.cancel()
+            return [x.name for x in first.resources], removed, status
+
+    try:
+        clusters, removed, status = asyncio.run(run())
+        assert clusters == ["backend"]
+        assert status == (None, ""), status  # still open
+        assert removed == [[f"nope-{r}-{i}" for i in range(4)] for r in range(10)]
+    finally:
+        xds.stop()

@@ -145,3 +145,36 @@ def test_xds_tls_table_with_a_client_ca_is_mutual_tls(tmp_path):
     assert parse_xds_config(base).tls is None
     tls = parse_xds_config({**base, "xds": {"tls": {"cert_file": "/c", "key_file": "/k", "ca_file": "/ca"}}}).tls
     assert (tls.cert_file, tls.key_file, tls.ca_file) == ("/c", "/k", "/ca")
+
+
+def test_delta_wildcard_forgets_absent_names_it_unsubscribes():
+    # A wildcard client that subscribes to invented names and unsubscribes them again,
+    # each request within max_names: what the stream tracks stays bounded.
+    st = DeltaStream(resources.TYPES, max_names=64)
+    st.on_request(h.delta(h.CDS))  # legacy wildcard
+    shared = snap()
+    st.pending(shared)
+    prev: list[str] = []
+    for round_ in range(20):
+        names = [f"r{round_}-{i}" for i in range(30)]
+        st.on_request(h.delta(h.CDS, names, prev, zone=None))
+        r = [x.decode() for x in st.pending(shared)]
+        assert sorted(r[0].removed_resources) == sorted(names)  # each is answered absent once
+        prev = names
+    state = st.types[h.CDS]
+    assert set(state.sent) == {"backend", *prev}
+    st.on_request(h.delta(h.CDS, [], prev, zone=None))
+    assert set(state.sent) == {"backend"}  # the resource itself is still the client's
+    assert st.pending(shared) == []
+
+
+def test_delta_refuses_a_stream_tracking_more_than_its_names_and_the_snapshot():
+    st = DeltaStream(resources.TYPES, max_names=4)
+    st.on_request(h.delta(h.CDS))
+    st.pending(snap())  # one resource
+    st.types[h.CDS].sent.update({f"leak-{i}": "" for i in range(2 * 4)})  # 1 + 8 = 9 tracked: the limit
+    st.on_request(h.delta(h.CDS, zone=None))
+    st.types[h.CDS].sent["one-more"] = ""  # 10: over 2 * 4 names + 1 resource
+    with pytest.raises(ProtocolError, match="tracked on one stream") as exc:
+        st.on_request(h.delta(h.CDS, zone=None))
+    assert exc.value.code == "RESOURCE_EXHAUSTED"

@@ -2,7 +2,8 @@
 and incremental (delta). Pure: requests in, responses out, no I/O.
 
 Memory per stream is bounded: per resource type the subscribed names (at most
-`max_names`), the versions sent, and the last nonce; the resources themselves live in
+`max_names`), the versions sent (at most 2 x `max_names` plus the snapshot's resources,
+else the stream ends with RESOURCE_EXHAUSTED), and the last nonce; the resources themselves live in
 the shared ViewSnapshot, and so does each response's serialized form: a response is the
 snapshot's bytes for that selection of resources (built once, shared by every stream
 that is owed the same) followed by the stream's own nonce field (EncodedResponse).
@@ -98,7 +99,7 @@ class _Nonces:
         return str(self.issued)
 
     def check(self, nonce: str) -> None:
-        if nonce and not (nonce.isdigit() and len(nonce) <= 19 and 0 < int(nonce) <= self.issued):
+        if nonce and not (nonce.isascii() and nonce.isdigit() and len(nonce) <= 19 and 0 < int(nonce) <= self.issued):
             raise ProtocolError("INVALID_ARGUMENT", f"response_nonce {nonce[:40]!r} was never sent on this stream")
 
 
@@ -177,6 +178,7 @@ class _DeltaType:
     names: set[str] = field(default_factory=set)
     sent: dict[str, str] = field(default_factory=dict)  # name -> version the client has (ABSENT: told missing)
     nonce: str = ""
+    known: int = 0  # resources of this type in the last snapshot looked at (bounds `sent`)
 
 
 @dataclass(slots=True)
@@ -214,9 +216,20 @@ class DeltaStream:
                     del state.sent[held]
             else:
                 state.names.discard(name)
-                if not state.wildcard:  # under a wildcard the client still gets it
+                # Under a wildcard the client still gets a resource that exists, so its
+                # version stays; a name it was told is absent is of no use any more, and
+                # keeping it would let a client grow this dict by subscribing to and
+                # unsubscribing from invented names, max_names at a time.
+                if not state.wildcard or state.sent.get(name) == ABSENT:
                     state.sent.pop(name, None)
         _check_names(len(state.names), self.max_names, req.type_url)
+        # What may be in `sent`: the names subscribed (max_names), the versions claimed in
+        # the first request (max_names), and the resources of the last snapshot sent. More
+        # is a leak this bound turns into the end of one stream, not the server's memory.
+        if len(state.sent) > 2 * self.max_names + state.known:
+            raise ProtocolError("RESOURCE_EXHAUSTED", f"{len(state.sent)} resources of {short_type(req.type_url)} "
+                                                      f"tracked on one stream: over the limit of "
+                                                      f"{2 * self.max_names + state.known}")
         if req.response_nonce and req.HasField("error_detail"):
             return Outcome(req.type_url, nack=req.error_detail.message or "(no message)", may_owe=may_owe)
         return Outcome(req.type_url, may_owe=may_owe)
@@ -225,6 +238,7 @@ class DeltaStream:
         out = []
         for type_url, state in self.types.items():
             available = snapshot.entries(type_url)
+            state.known = len(available)
             wanted = set(available) | state.names if state.wildcard else state.names
             send = [available[n] for n in sorted(wanted) if n in available and state.sent.get(n) != available[n].version]
             removed = sorted(n for n in wanted if n not in available and state.sent.get(n) != ABSENT)
