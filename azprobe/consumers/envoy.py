@@ -58,7 +58,7 @@ def parse_endpoint(value: Any, field: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ConfigError(field, f"{value!r}: IPv6 needs brackets", "write [2001:db8::1]:8080")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (len(port) <= 5 and port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not ip:port", "for example 198.18.2.10:8080")
     try:
         ipaddress.ip_address(host)
@@ -329,9 +329,28 @@ def envoy_eds_command(cluster: str, endpoints_path: str, out: str, watch: bool, 
     if watch:
         _watch_loop(settings, key_name, writer, source_az)
         return
-    doc = _read_weights_once(settings, settings.key(key_name))
+    try:
+        doc = _read_weights_once(settings, settings.key(key_name))
+    except AzprobeError:
+        _equal_when_no_file(writer, settings, source_az)
+        raise  # still exit 1: the weights could not be read
     verb = "wrote" if writer.write(doc, _read_sick_once(settings, source_az)) else "unchanged"
     click.echo(f"azprobe: {verb} {out_path} ({_describe(doc, writer)})", err=True)
+
+
+def _equal_when_no_file(writer: EdsWriter, settings: ConsulSettings, source_az: str | None) -> None:
+    """The weights could not be read (invalid document, Consul unreachable). Without a file
+    Envoy has no endpoints at all for the cluster, so write equal weights, as --watch does
+    (watch_decision: no file yet); an existing file is the last-known-good: untouched."""
+    if writer.has_file:
+        return
+    try:
+        sick = _read_sick_once(settings, source_az)
+    except AzprobeError:
+        sick = {}  # Consul is unreachable: demote no host (a demotion is advice)
+    writer.write(None, sick)
+    click.echo(f"azprobe: no {writer.out} yet: wrote equal weights so Envoy has endpoints "
+               f"({_describe(None, writer)})", err=True)
 
 
 def _describe(weights: WeightsDoc | None, writer: EdsWriter) -> str:

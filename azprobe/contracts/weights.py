@@ -8,8 +8,8 @@ A rejected document raises WeightsError naming the field and is counted in `REJE
 (a process that exports metrics reads it at scrape time; there is no global registry).
 
 azprobe/contracts/schema/weights.schema.json states the same rules as a JSON Schema, except what
-JSON Schema cannot say: shares summing to 100, expires_at >= generated_at, no duplicate
-keys, no NaN/Infinity literals, integers written without a fraction.
+JSON Schema cannot say: shares summing to 100, expires_at within 0..MAX_TTL_S of
+generated_at, no duplicate keys, no NaN/Infinity literals, integers written without a fraction.
 
 Which of two documents a reader keeps (`is_newer`): a leader's numbering restarts (a
 document in KV with an implausible generation), so a generation means something only
@@ -17,6 +17,8 @@ within its `term`, which each leader term draws afresh. Within one term the high
 generation is newer; across terms (or without a term) the later `generated_at` is.
 Nothing dated more than MAX_CLOCK_SKEW_S ahead of the reader's clock is ever kept:
 `parse_weights(raw, now=...)` refuses it, and a held one loses to any present document.
+Before generations are compared, a fresh document wins over an expired one (either
+way), and no document is fresh longer than MAX_TTL_S after its generated_at.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from azprobe.contracts.window import name_problem
+from azprobe.contracts.window import name_problem, printable
 from azprobe.contracts import bounded_json
 from azprobe.contracts.kv import MAX_VALUE_BYTES
 
@@ -51,6 +53,13 @@ MAX_TIMESTAMP = 1e11  # unix seconds, year ~5138: anything later is garbage
 # NTP-synchronised (`azprobe doctor` fails above 5 s), and a document dated ahead within
 # the bound can hold a reader's choice at most this long.
 MAX_CLOCK_SKEW_S = 10.0
+# The longest a document may stay fresh: expires_at - generated_at. The controller writes
+# max(3 x heartbeat_s, 2 x session_ttl_s + lock_delay_s + 3 x interval_s) (controller/
+# publish.py), at most 3 days with its config's maxima (heartbeat_s <= 86400 s); a week
+# leaves room for that. Without a bound, one document with a far expires_at is "fresh"
+# to every reader for years after its writer died, held through a deleted key or a dead
+# Consul: a single input would decide the routing indefinitely.
+MAX_TTL_S = 7 * 86400.0
 MAX_TERM = 128  # a term id: 1..128 of [A-Za-z0-9._-], like a boot id
 MAX_P95_MS = 86_400_000.0  # one day
 MAX_DOC_BYTES = MAX_VALUE_BYTES  # a document is one KV value
@@ -134,6 +143,16 @@ def _number(value: Any, name: str, lo: float, hi: float, *, nullable: bool = Fal
     if not lo <= number <= hi:
         raise WeightsError(name, f"{number:g} outside {lo:g}..{hi:g}")
     return number
+
+
+def check_lifetime(generated_at: float, expires_at: float) -> None:
+    """expires_at within 0..MAX_TTL_S of generated_at (every TermDocument's rule)."""
+    if expires_at < generated_at:
+        raise WeightsError("expires_at", f"{expires_at} is before generated_at {generated_at}")
+    if expires_at - generated_at > MAX_TTL_S:
+        raise WeightsError("expires_at", f"{expires_at - generated_at:.0f} s after generated_at, over the "
+                                         f"{MAX_TTL_S:.0f} s a document may stay fresh; the writer's TTL "
+                                         "(controller [safety].heartbeat_s) must be shorter")
 
 
 def _is_schema_version(value: Any) -> bool:
@@ -242,8 +261,7 @@ class WeightsDoc(TermDocument):
         set_(self, "generation", _integer(self.generation, "generation", 1))
         set_(self, "generated_at", _number(self.generated_at, "generated_at", 0.0, MAX_TIMESTAMP))
         set_(self, "expires_at", _number(self.expires_at, "expires_at", 0.0, MAX_TIMESTAMP))
-        if self.expires_at < self.generated_at:
-            raise WeightsError("expires_at", f"{self.expires_at} is before generated_at {self.generated_at}")
+        check_lifetime(self.generated_at, self.expires_at)
         if self.source_az is not None:
             _string(self.source_az, "source_az", allow_empty=False)
         if self.term is not None:
@@ -262,7 +280,7 @@ class WeightsDoc(TermDocument):
         for az, zone in self.zones.items():
             _string(az, "zones", allow_empty=False)
             if not isinstance(zone, ZoneWeights):
-                raise WeightsError(f"zones.{az}", f"expected ZoneWeights, got {_short(zone)}")
+                raise WeightsError(f"zones.{printable(az, 64)}", f"expected ZoneWeights, got {_short(zone)}")
         total = sum(z.share for z in self.zones.values())
         if total != TOTAL_SHARE:
             raise WeightsError("zones", f"shares sum to {total}, must be exactly {TOTAL_SHARE}")
@@ -298,6 +316,14 @@ def is_newer(candidate: TermDocument, current: TermDocument | None, now: float) 
         return False
     if current.is_from_future(now):  # the reader's clock stepped back: drop it for a present one
         return True
+    # Freshness first. An expired document no longer speaks for its term: a fresh one
+    # replaces it whatever the generations say, so one document of the term with a huge
+    # generation holds the readers at most until it expires (MAX_TTL_S), not until the
+    # term changes; and that document, written again once expired, does not displace the
+    # fresh one.
+    held_stale, candidate_stale = current.is_stale(now), candidate.is_stale(now)
+    if held_stale != candidate_stale:
+        return held_stale
     if candidate.same_term(current):
         return candidate.generation > current.generation
     return candidate.generated_at > current.generated_at
@@ -305,15 +331,15 @@ def is_newer(candidate: TermDocument, current: TermDocument | None, now: float) 
 
 # --- parsing ------------------------------------------------------------------------
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
     raise WeightsError("", f"{name} is not allowed in a weights document")
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise WeightsError(key, "duplicate key")
+            raise WeightsError(printable(key, 64), "duplicate key")
         result[key] = value
     return result
 
@@ -322,14 +348,15 @@ def _check_keys(doc: Mapping[str, Any], expected: tuple[str, ...], where: str,
                 optional: tuple[str, ...] = ()) -> None:
     for key in doc:
         if key not in expected and key not in optional:
-            raise WeightsError(f"{where}{key}", f"unknown field (known: {', '.join(expected + optional)})")
+            # the name comes from the document: escaped and cut, the error stays one short line
+            raise WeightsError(f"{where}{printable(key, 64)}", f"unknown field (known: {', '.join(expected + optional)})")
     for key in expected:
         if key not in doc:
-            raise WeightsError(f"{where}{key}", "is required")
+            raise WeightsError(f"{where}{key}", "is required")  # one of ours; `where` is quoted
 
 
 def _zone_from_json(az: str, raw: Any) -> ZoneWeights:
-    where = f"zones.{az}"
+    where = f"zones.{printable(az, 64)}"  # the AZ name comes from the document
     if not isinstance(raw, Mapping):
         raise WeightsError(where, f"expected an object, got {_short(raw)}")
     _check_keys(raw, ZONE_FIELDS, where + ".")
@@ -384,7 +411,7 @@ def parse_weights(raw: bytes | str, *, now: float | None = None) -> WeightsDoc:
             raise WeightsError("", f"expected bytes or str, got {type(raw).__name__}")
         try:
             doc = bounded_json.loads(raw, max_bytes=MAX_DOC_BYTES, what="weights document",
-                                     parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+                                     parse_constant=reject_constant, object_pairs_hook=unique_keys)
         except bounded_json.JsonRefused as exc:
             raise WeightsError("", str(exc)) from None
         parsed = weights_from_json(doc)

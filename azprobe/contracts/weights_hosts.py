@@ -29,8 +29,9 @@ from typing import Any
 
 from azprobe.contracts import bounded_json
 from azprobe.contracts.weights import (MAX_CLOCK_SKEW_S, MAX_DOC_BYTES, MAX_INT, MAX_STRING, MAX_TERM, MAX_TIMESTAMP,
-                                       MAX_ZONES, REJECTED, TermDocument, WeightsError)
-from azprobe.contracts.window import MAX_ADDRESS_LEN, is_az_name, name_problem
+                                       MAX_ZONES, REJECTED, TermDocument, WeightsError, reject_constant,
+                                       unique_keys, check_lifetime)
+from azprobe.contracts.window import MAX_ADDRESS_LEN, is_az_name, name_problem, printable
 
 HOSTS_SCHEMA_VERSION = 1
 MAX_ZONE_SICK_HOSTS = 64
@@ -111,8 +112,7 @@ class HostsDoc(TermDocument):
                 raise WeightsError(name, f"{str(value)[:40]} outside {lo:g}..{hi:g}")
             if name == "generation" and not isinstance(value, int):
                 raise WeightsError(name, "expected an integer")
-        if self.expires_at < self.generated_at:
-            raise WeightsError("expires_at", f"{self.expires_at} is before generated_at {self.generated_at}")
+        check_lifetime(self.generated_at, self.expires_at)
         if self.term is not None and name_problem(self.term, MAX_TERM):
             raise WeightsError("term", f"{str(self.term)[:40]!r} {name_problem(self.term, MAX_TERM)}")
         object.__setattr__(self, "global_view", _view(self.global_view, "global"))
@@ -158,18 +158,19 @@ def _entries(raw: Any, where: str) -> dict[str, list[SickHostEntry]]:
         raise WeightsError(where, f"{len(raw)} zones exceed {MAX_ZONES}")
     out: dict[str, list[SickHostEntry]] = {}
     for az, hosts in raw.items():
+        at = f"{where}.{printable(az, 64)}"  # az is checked later (_view): quote it safely until then
         if not isinstance(hosts, list) or len(hosts) > MAX_ZONE_SICK_HOSTS:
-            raise WeightsError(f"{where}.{az}", f"expected a list of at most {MAX_ZONE_SICK_HOSTS} sick hosts")
+            raise WeightsError(at, f"expected a list of at most {MAX_ZONE_SICK_HOSTS} sick hosts")
         entries = []
         for i, h in enumerate(hosts):
             if not isinstance(h, Mapping) or set(h) != set(HOST_FIELDS):
-                raise WeightsError(f"{where}.{az}[{i}]", f"expected an object with exactly {', '.join(HOST_FIELDS)}")
+                raise WeightsError(f"{at}[{i}]", f"expected an object with exactly {', '.join(HOST_FIELDS)}")
             if not isinstance(h["reasons"], list):
-                raise WeightsError(f"{where}.{az}[{i}].reasons", "expected a list of strings")
+                raise WeightsError(f"{at}[{i}].reasons", "expected a list of strings")
             try:
                 entries.append(SickHostEntry(h["addr"], tuple(h["reasons"])))
             except WeightsError as exc:
-                raise exc.within(f"{where}.{az}[{i}]") from None
+                raise exc.within(f"{at}[{i}]") from None
         out[az] = entries
     return out
 
@@ -182,7 +183,8 @@ def hosts_from_json(doc: Any) -> HostsDoc:
                                      f"{HOSTS_SCHEMA_VERSION}; upgrade the reader)")
     for key in doc:
         if key not in DOC_FIELDS and key not in OPTIONAL_FIELDS:
-            raise WeightsError(key, f"unknown field (known: {', '.join(DOC_FIELDS + OPTIONAL_FIELDS)})")
+            # the name comes from the document: escaped and cut, the error stays one short line
+            raise WeightsError(printable(key, 64), f"unknown field (known: {', '.join(DOC_FIELDS + OPTIONAL_FIELDS)})")
     for key in DOC_FIELDS:
         if key not in doc:
             raise WeightsError(key, "is required")
@@ -190,7 +192,7 @@ def hosts_from_json(doc: Any) -> HostsDoc:
         raise WeightsError("from", f"expected an object of at most {MAX_ZONES} source AZs")
     return HostsDoc(generation=doc["generation"], generated_at=doc["generated_at"], expires_at=doc["expires_at"],
                     global_view=_entries(doc["global"], "global"),
-                    from_views={src: _entries(z, f"from.{src}") for src, z in doc["from"].items()},
+                    from_views={src: _entries(z, f"from.{printable(src, 64)}") for src, z in doc["from"].items()},
                     term=doc.get("term"), schema=doc["schema"])
 
 
@@ -199,7 +201,10 @@ def parse_hosts(raw: bytes | str, *, now: float | None = None) -> HostsDoc:
     anything else, counted with the rejected weights documents."""
     try:
         try:
-            doc = bounded_json.loads(raw, max_bytes=MAX_DOC_BYTES, what="sick-hosts document")
+            # parse_weights' hooks: a duplicate key or a NaN is refused, not read as the last
+            # value, so every reader of one document demotes the same hosts
+            doc = bounded_json.loads(raw, max_bytes=MAX_DOC_BYTES, what="sick-hosts document",
+                                     parse_constant=reject_constant, object_pairs_hook=unique_keys)
         except bounded_json.JsonRefused as exc:
             raise WeightsError("", str(exc)) from None
         parsed = hosts_from_json(doc)

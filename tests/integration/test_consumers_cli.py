@@ -308,6 +308,34 @@ def test_envoy_eds_stale_weights_become_equal(shared_consul, tmp_path):
     assert version.startswith("equal-") and weights == {"az-a": 1, "az-b": 1, "az-c": 1}
 
 
+@pytest.mark.parametrize("reason", ["invalid", "unreachable"])
+def test_envoy_eds_once_without_readable_weights_writes_equal_weights_only_when_there_is_no_file(
+        shared_consul, tmp_path, reason):
+    # Without a file Envoy has no endpoints for the cluster: equal weights, as --watch
+    # writes; a file already there is the last-known-good and stays. Exit 1 either way.
+    endpoints = tmp_path / "endpoints.json"
+    endpoints.write_text(json.dumps(ENDPOINTS))
+    prefix = f"eds-{reason}/"
+    put(shared_consul, sample_weights_doc(4).dumps(), key=prefix + "weights")
+    consul = shared_consul.url if reason == "invalid" else "http://127.0.0.1:1"
+    held, fresh = tmp_path / "held.json", tmp_path / "fresh.json"
+    first = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(held),
+                    "--consul", shared_consul.url, "--prefix", prefix)
+    assert first.returncode == 0, first.stderr
+    before = held.read_bytes()
+    put(shared_consul, b'{"schema": 1, "zones": {}}', key=prefix + "weights")
+    for out in (held, fresh):
+        result = azprobe("envoy-eds", "--cluster", "backend", "--endpoints", str(endpoints), "--out", str(out),
+                         "--consul", consul, "--prefix", prefix)
+        assert result.returncode == 1, result.stderr
+        assert ("are invalid" if reason == "invalid" else "cannot reach Consul") in result.stderr.splitlines()[-1]
+        assert "Traceback" not in result.stderr
+        assert ("wrote equal weights" in result.stderr) == (out is fresh), result.stderr
+    assert held.read_bytes() == before  # untouched
+    version, weights = eds_weights(fresh)
+    assert version.startswith("equal-") and weights == {"az-a": 1, "az-b": 1, "az-c": 1}
+
+
 BAD_ENDPOINTS = [
     ('{"az-a": ["198.18.1.10"]}', "az-a[0]: '198.18.1.10' is not ip:port"),
     ('{"az-a": ["db.internal:5432"]}', "az-a[0]: 'db.internal:5432': 'db.internal' is not an IP address"),

@@ -93,3 +93,38 @@ def test_the_publisher_bounds_the_document_and_never_lets_it_block_the_weights()
     assert total == MAX_DOC_SICK_HOSTS and parse_hosts(doc.dumps()) == doc
     # nothing named and nothing in KV to replace: no document, the KV output as before
     assert publisher.build_hosts({GLOBAL_VIEW: WeightsView("ok", zones)}, 2, 101.0) is None
+
+
+def test_a_duplicate_key_is_refused_as_in_a_weights_document():
+    # Two "global" views: a parser keeping the last would demote other hosts than one
+    # keeping the first; the document is refused instead, and counted.
+    raw = doc().dumps()
+    dup = raw[:-1] + ',"global":{"az-a":[{"addr":"198.18.1.99","reasons":["other"]}]}}'
+    before = REJECTED.value
+    with pytest.raises(WeightsError, match="^global: duplicate key"):
+        parse_hosts(dup, now=101.0)
+    assert REJECTED.value == before + 1
+    with pytest.raises(WeightsError, match="NaN is not allowed"):
+        parse_hosts(raw.replace('"generated_at":100.0', '"generated_at":NaN'), now=101.0)
+
+
+def test_a_hosts_document_is_fresh_at_most_max_ttl():
+    from azprobe.contracts.weights import MAX_TTL_S
+
+    raw = json.loads(doc().dumps())
+    raw["expires_at"] = raw["generated_at"] + MAX_TTL_S + 1
+    with pytest.raises(WeightsError, match="^expires_at: .* may stay fresh"):
+        parse_hosts(json.dumps(raw), now=101.0)
+
+
+def test_a_name_from_the_document_is_quoted_on_one_short_line():
+    raw = json.loads(doc().dumps())
+    raw["x\n\x1b[2J" + "A" * 100_000] = 1
+    with pytest.raises(WeightsError, match="unknown field") as exc:
+        parse_hosts(json.dumps(raw), now=101.0)
+    assert len(str(exc.value)) < 300 and str(exc.value).isprintable()
+    raw = json.loads(doc().dumps())
+    raw["global"]["az\n" + "B" * 100_000] = 5
+    with pytest.raises(WeightsError, match="expected a list") as exc:
+        parse_hosts(json.dumps(raw), now=101.0)
+    assert len(str(exc.value)) < 300 and str(exc.value).isprintable()

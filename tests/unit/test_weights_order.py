@@ -69,3 +69,25 @@ def test_term_is_optional_bounded_and_round_trips():
     termed = parse_weights(json.dumps(make_doc(term="0f3a9c2e4b5d6e7f")))
     assert termed.term == "0f3a9c2e4b5d6e7f" and parse_weights(termed.dumps()) == termed
     assert termed != plain
+
+
+def test_a_fresh_document_replaces_an_expired_one_whatever_its_generation():
+    # One document of the leader's term with an implausible generation: the leader's
+    # real documents of that term are older by generation, but once it expires the next
+    # fresh one is taken, not ignored until the term changes.
+    forged = doc(2**53, at=NOW, term="t1")  # fresh for 60 s
+    real = doc(105, at=NOW + 61, term="t1")
+    assert not is_newer(doc(101, at=NOW + 30, term="t1"), forged, NOW + 30)  # while it is fresh it holds
+    assert is_newer(real, forged, NOW + 61)
+    assert not is_newer(doc(3, at=NOW - 30, term="t1"), forged, NOW + 61)  # an expired replay is not taken
+    assert not is_newer(forged, real, NOW + 61)
+
+
+def test_a_document_fresh_for_longer_than_max_ttl_is_refused():
+    from azprobe.contracts.weights import MAX_TTL_S
+
+    raw = json.dumps(make_doc(expires_at=make_doc()["generated_at"] + MAX_TTL_S + 1))
+    before = REJECTED.value
+    with pytest.raises(WeightsError, match=r"^expires_at: .* over the 604800 s a document may stay fresh"):
+        parse_weights(raw)
+    assert REJECTED.value == before + 1

@@ -121,6 +121,8 @@ BAD = [
     ("generation huge", json.dumps(make_doc(generation=2**53 + 1)), r"^generation"),
     ("generation float", json.dumps(make_doc(generation=17.5)), r"^generation: expected an integer"),
     ("expires before generated", json.dumps(make_doc(expires_at=1.0)), r"^expires_at: 1\.0 is before"),
+    ("fresh for years", json.dumps(make_doc(expires_at=9e10)),
+     r"^expires_at: \d+ s after generated_at, over the 604800 s a document may stay fresh; the writer's TTL"),
     ("timestamp huge", json.dumps(make_doc(generated_at=1e300)), r"^generated_at"),
     ("leader too long", json.dumps(make_doc(leader="l" * 257)), r"^leader: string of 257"),
     ("leader null", json.dumps(make_doc(leader=None)), r"^leader: expected a string"),
@@ -172,3 +174,35 @@ def test_construction_validates_so_a_writer_cannot_build_a_bad_document():
 def test_non_text_input_is_a_weights_error():
     with pytest.raises(WeightsError, match="expected bytes or str"):
         parse_weights(None)  # type: ignore[arg-type]
+
+
+def test_a_lifetime_up_to_max_ttl_is_taken_and_the_controllers_longest_is_within_it():
+    from azprobe.contracts.weights import MAX_TTL_S
+    from azprobe.controller.publish import Publisher
+
+    at = make_doc()["generated_at"]
+    assert parse_weights(json.dumps(make_doc(expires_at=at + MAX_TTL_S))).expires_at == at + MAX_TTL_S
+    # the controller config's maxima: heartbeat_s 86400, session_ttl_s 86400, lock_delay_s 60, interval_s 60
+    longest = Publisher.expiry_for(heartbeat_s=86400.0, session_ttl_s=86400.0, lock_delay_s=60.0, interval_s=60.0)
+    assert longest * 2 <= MAX_TTL_S
+
+
+@pytest.mark.parametrize("doc", [
+    {"x\nCRITICAL forged\n\x1b[2J" + "A" * 400_000: 1},
+    make_doc(**{"k\x1b[2J\n" + "B" * 100_000: 1}),
+    make_doc(zones={"az-\n\x1b" + "C" * 200: {"weight": 1.0}}),
+])
+def test_a_rejection_quoting_a_name_from_the_document_is_one_short_printable_line(doc):
+    with pytest.raises(WeightsError) as exc:
+        parse_weights(json.dumps(doc))
+    text = str(exc.value)
+    assert len(text) < 400 and text.isprintable() and text.isascii(), text[:200]
+    assert "\\n" in text  # the newline is shown escaped, not dropped
+
+
+def test_a_duplicate_key_is_quoted_printable_too():
+    key = "k\n" + "D" * 10_000
+    raw = '{"%s": 1, "%s": 2}' % (json.dumps(key)[1:-1], json.dumps(key)[1:-1])
+    with pytest.raises(WeightsError, match="duplicate key") as exc:
+        parse_weights(raw)
+    assert len(str(exc.value)) < 200 and str(exc.value).isprintable()

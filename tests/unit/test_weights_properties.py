@@ -8,7 +8,7 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from azprobe.contracts.weights import (MIN_WEIGHT, OVERALL_STATES, REJECTED, SCHEMA_PATH, ZONE_STATES,
+from azprobe.contracts.weights import (MAX_TTL_S, MIN_WEIGHT, OVERALL_STATES, REJECTED, SCHEMA_PATH, ZONE_STATES,
                              WeightsDoc, WeightsError, ZoneWeights, parse_weights)
 
 VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
@@ -66,7 +66,7 @@ def weights_docs(draw) -> WeightsDoc:
     }
     generated = draw(st.floats(0, 4e9))
     return WeightsDoc(generation=draw(st.integers(1, 2**53)), generated_at=generated,
-                      expires_at=generated + draw(st.floats(0, 1e6)), leader=draw(st.text(max_size=20)),
+                      expires_at=generated + draw(st.floats(0, MAX_TTL_S)), leader=draw(st.text(max_size=20)),
                       model=draw(st.text(max_size=20)), state=draw(st.sampled_from(sorted(OVERALL_STATES))),
                       zones=zones, source_az=draw(st.none() | st.text(min_size=1, max_size=12)))
 
