@@ -15,7 +15,9 @@ controller/quorum.py), after the zones are judged:
    the zones' number of source AZs; in a source view, the source view's strict majority.
    One node can never name a host, however few talk to it. Sick sources set aside by the
    zones' quorum do not vote. A zone judges at most `max_hosts_per_zone` hosts (those
-   the most nodes talk to); the others are counted as not judged.
+   the most nodes talk to); the others are counted as not judged. A host fewer than
+   MIN_HOST_VOTERS nodes report is not judged either (counted apart): the quorum could
+   never name it, so it must not count in the zone's judged hosts of step 3.
 3. **Host or zone.** A zone the quorum found degraded stays degraded when its sick hosts
    are at least `host_zone_fraction` of its judged hosts (the sickness spans the zone), or
    when no host is sick (the host evidence does not explain it). When sick hosts are
@@ -166,6 +168,10 @@ class ZoneHosts:
     judged: int
     sick: tuple[SickHost, ...] = ()
     not_judged: int = 0  # hosts beyond max_hosts_per_zone
+    # Hosts fewer than MIN_HOST_VOTERS nodes report: the quorum could never name them
+    # sick, so counting them as judged would let one node dilute a zone's sick fraction
+    # with invented healthy addresses.
+    too_few_voters: int = 0
 
     @property
     def sick_fraction(self) -> float:
@@ -241,10 +247,15 @@ def judge_hosts(voters: Iterable[NodeHostVotes], aside: Iterable[str], model: Mo
     out: dict[str, ZoneHosts] = {}
     for dst, entries in sorted(by_dst.items()):
         entries.sort(key=lambda e: (-len(e[1]), -sum(v.stats.samples for v in e[1]), e[0]))
-        judged = entries[:cfg.max_hosts_per_zone]
+        # Only a host the quorum could name sick is judged (_sick needs MIN_HOST_VOTERS
+        # voters at least): a host one node alone reports is that node's word, and one
+        # node inventing healthy hosts must not lower a sick zone's sick fraction.
+        nameable = [e for e in entries if len(e[1]) >= MIN_HOST_VOTERS]
+        judged = nameable[:cfg.max_hosts_per_zone]
+        few = len(entries) - len(nameable)
         sick = [s for s in (_sick(addr, vs, cfg, model, single_source) for addr, vs in judged) if s is not None]
         sick.sort(key=lambda s: (s.health, s.addr))
-        out[dst] = ZoneHosts(len(judged), tuple(sick), len(seen.get(dst, ())) - len(judged))
+        out[dst] = ZoneHosts(len(judged), tuple(sick), len(seen.get(dst, ())) - len(judged) - few, few)
     return out
 
 
@@ -289,6 +300,9 @@ def hold_zones(verdicts: Mapping[str, ZoneHealth], quorum: Mapping[str, bool], h
         names = ", ".join(s.addr for s in zh.sick[:5]) + (f" and {len(zh.sick) - 5} more" if len(zh.sick) > 5 else "")
         share = f"{len(zh.sick)} of {zh.judged} judged hosts sick ({100 * zh.sick_fraction:.0f} %"
         extra = f"; {zh.not_judged} hosts not judged (max_hosts_per_zone)" if zh.not_judged else ""
+        if zh.too_few_voters:
+            extra += (f"; {zh.too_few_voters} hosts not judged (reported by fewer than {MIN_HOST_VOTERS} nodes, "
+                      f"which cannot name a host)")
         if not zh.sick:
             why = f"hosts: none of {zh.judged} judged hosts sick{extra}"
         elif zh.sick_fraction >= fraction:

@@ -107,6 +107,22 @@ def test_one_node_cannot_name_a_host_it_alone_talks_to():
     assert view.judgement.hosts["az-b"].sick == ()
 
 
+def test_one_node_inventing_healthy_hosts_cannot_keep_a_sick_zone_in_play():
+    # 4 of 6 real hosts sick, every node votes az-b degraded: the zone drains. One node
+    # adding 10 healthy addresses only it reports must not dilute the sick fraction.
+    nodes = fleet(set(HOSTS["az-b"][:4]))
+    first = nodes[0]
+    hosts = dict(first.hosts)
+    for i in range(10):
+        hosts[("az-b", f"198.18.2.{200 + i}")] = sums(900)
+    nodes.append(NodeEvidence("n-liar", "az-a", first.zones, hosts))
+    view = decide(nodes)[GLOBAL_VIEW]
+    zone_hosts = view.judgement.hosts["az-b"]
+    assert zone_hosts.judged == 6 and len(zone_hosts.sick) == 4 and zone_hosts.too_few_voters == 10
+    assert view.judgement.held == () and view.decision.zones["az-b"].state == "degraded"
+    assert "10 hosts not judged (reported by fewer than 2 nodes" in view.decision.zones["az-b"].reasons[0]
+
+
 def test_hosts_judged_per_zone_are_bounded():
     rules = DecisionRules(DefaultModel(), QuorumConfig(max_hosts_per_zone=4))
     seen = {GLOBAL_VIEW: {az: ZoneStats(util=0.3) for az in AZS}}
