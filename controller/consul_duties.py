@@ -34,6 +34,7 @@ log = logging.getLogger("azprobe.controller")
 CONSUL_TIMEOUT_S = 2.0  # one Consul call never holds the Consul loop longer than this
 DISCOVERY_EVERY_S = 5.0
 WRITE_BACKOFF_MAX_S = 10.0  # a failing KV write is retried at least this often
+CONTROLS_LOG_EVERY_S = 60.0  # a control/ read failing every round is logged this often
 
 
 class ConsulDuties:
@@ -66,6 +67,9 @@ class ConsulDuties:
         self._logged_off = False
         self._write_failures = 0  # consecutive failed weight writes (not 409s)
         self._write_retry_at = float("-inf")  # publisher clock
+        self.control_read_failures = 0  # failed reads of control/ (the last good controls held)
+        self._control_failures_run = 0  # consecutive ones
+        self._control_logged_at = float("-inf")  # monotonic
 
     def tick(self) -> None:
         """One round with Consul (blocking)."""
@@ -151,8 +155,20 @@ class ConsulDuties:
             self.metrics.last_write.set(doc.generated_at)
 
     def _read_controls(self) -> None:
+        """Read control/ and offer what is in force. A failed read is not a lost lock:
+        what is under control/ is anyone's writing (40,000 keys, or a few large ones, pass
+        the 4 MiB answer bound), so it keeps the last good controls and the round goes on
+        to start the term and publish. Only the session and the lock step down."""
         prefix = self.settings.key(kv.CONTROL)
-        state = read_key(self.client, prefix, recurse=True)
+        try:
+            state = read_key(self.client, prefix, recurse=True)
+        except ConsulError as exc:
+            self._control_read_failed(prefix, exc)
+            return
+        if self._control_failures_run:
+            log.info("operator controls: reading %s works again after %d failed reads", prefix,
+                     self._control_failures_run)
+            self._control_failures_run, self._control_logged_at = 0, float("-inf")
         operator = parse_controls(state.entries or {}, prefix, self.wall(), self.azs)
         self.handover.offer_controls(operator)
         controls = operator.controls
@@ -169,6 +185,16 @@ class ConsulDuties:
             if operator.ignored > len(operator.problems):
                 log.info("operator control: %d more keys ignored", operator.ignored - len(operator.problems))
             self._logged_problems = operator.problems
+
+    def _control_read_failed(self, prefix: str, exc: ConsulError) -> None:
+        self.control_read_failures += 1
+        self._control_failures_run += 1
+        now = time.monotonic()
+        if now - self._control_logged_at >= CONTROLS_LOG_EVERY_S:
+            self._control_logged_at = now
+            log.warning("operator controls: reading %s failed (%d reads in a row), the last good controls stay "
+                        "in force: %s; if it is too large, delete the keys under it that are not controls",
+                        prefix, self._control_failures_run, printable(str(exc), 300))
 
     def _discover(self) -> None:
         config, reloaded = self.handover.config()

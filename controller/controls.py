@@ -22,9 +22,11 @@ operator keys). An `until`, of any switch, may lie at most MAX_UNTIL_S (3 days, 
 zonal shifts) ahead: a switch further out, or whose `until` is not a number, is ignored
 and reported, not clipped (a clip relative to `now` would never expire; an `until` of
 1e300 or in milliseconds is a mistake, not a plan). A shift of an AZ outside the
-controller's topology is ignored and reported. Key names and values come from KV:
-reported through `printable`, and every ignored key is counted (`ignored`, the gauge
-azprobe_controller_control_keys_ignored); at most MAX_PROBLEMS of them are described.
+controller's topology is ignored and reported, and so is a key whose reading fails in
+any other way: one key never fails the read of the others. Key names and values come
+from KV: reported through `printable`, and every ignored key is counted (`ignored`, the
+gauge azprobe_controller_control_keys_ignored); at most MAX_PROBLEMS of them are
+described.
 """
 
 from __future__ import annotations
@@ -66,9 +68,13 @@ def _decode(raw: bytes | None) -> object:
 
 
 def _until(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:  # a JSON integer has no bound: float() of one past 1.8e308 raises OverflowError
+        until = float(value)
+    except OverflowError:
+        return None
+    return until if math.isfinite(until) else None
 
 
 def _until_or_problem(value: object, now: float, what: str, otherwise: str) -> float | str:
@@ -173,22 +179,36 @@ def parse_controls(entries: Mapping[str, bytes | None], control_prefix: str, now
     is unix time (expiries are unix seconds); `azs`: the topology's AZs."""
     reading = _Reading(now, azs)
     for key, raw in sorted(entries.items()):
-        name = key[len(control_prefix):] if key.startswith(control_prefix) else key
-        switch = kv.control_switch(kv.CONTROL + name) if name else None
-        if switch is None:
-            if name:
-                reading.refuse(key, "unknown control key ignored")
-            continue
-        kind, arg = switch
-        value = _decode(raw)
-        if kind == "freeze" and reading.held(key, value, "a freeze"):
-            reading.frozen = True
-            reading.freeze_reason = _reason(value, "operator freeze")
-        elif kind == "hosts-off" and reading.held(key, value, "hosts-off"):
-            reading.off, reading.off_reason = True, _reason(value, "")
-        elif kind == "shift" and arg is not None:
-            reading.shift(key, arg, value)
-        elif kind == "host" and arg is not None:
-            reading.pin(key, arg, value)
+        # One key is one operator's (or one writer's) word: whatever it holds, a failure
+        # reading it refuses that key alone. Raising here would fail the whole Consul
+        # round, every round, so a new leader would never write and deleted switches
+        # would stay in force.
+        try:
+            _parse_key(reading, key, raw, control_prefix)
+        except Exception as exc:  # noqa: BLE001 - any failure of one key refuses that key
+            reading.refuse(key, f"ignored, its value could not be read ({type(exc).__name__}): "
+                                "rewrite it as documented (docs/operations.md)")
     return reading.controls()
+
+
+def _parse_key(reading: _Reading, key: str, raw: bytes | None, control_prefix: str) -> None:
+    name = key[len(control_prefix):] if key.startswith(control_prefix) else key
+    switch = kv.control_switch(kv.CONTROL + name) if name else None
+    if switch is None:
+        if name:
+            reading.refuse(key, "unknown control key ignored")
+        return
+    kind, arg = switch
+    value = _decode(raw)
+    # The reason first: a switch is in force only once all of it has been read.
+    if kind == "freeze" and reading.held(key, value, "a freeze"):
+        reason = _reason(value, "operator freeze")
+        reading.frozen, reading.freeze_reason = True, reason
+    elif kind == "hosts-off" and reading.held(key, value, "hosts-off"):
+        reason = _reason(value, "")
+        reading.off, reading.off_reason = True, reason
+    elif kind == "shift" and arg is not None:
+        reading.shift(key, arg, value)
+    elif kind == "host" and arg is not None:
+        reading.pin(key, arg, value)
 

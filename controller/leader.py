@@ -20,9 +20,11 @@ worker thread so a hung Consul never stalls the pull loop.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ import consul
 
 from azprobe.clients.consul import ConsulError, ConsulSettings, translate_error
 from azprobe.contracts import bounded_json, kv
+from azprobe.contracts.window import printable
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +157,29 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 MAX_HEALTHZ_BYTES = 65536  # /healthz is a small object; more is not a controller answering
 
 
+def address_problem(address: str) -> str | None:
+    """Why `address` (the leader key's, from KV) is not a host:port to probe, or None."""
+    try:
+        parts = urllib.parse.urlsplit(f"http://{address}")
+        port = parts.port  # raises ValueError on a port that is no number or out of range
+    except ValueError as exc:
+        return str(exc)
+    if not parts.hostname or port is None or parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+        return "not host:port"
+    return None
+
+
 def probe_healthz(address: str, timeout_s: float) -> str | None:
     """The controller name answering http://<address>/healthz; None when nothing answers
-    (refused, timeout, not our JSON)."""
+    (refused, timeout, not our JSON) or `address` is no address at all."""
     try:
         with _NO_PROXY.open(f"http://{address}/healthz", timeout=timeout_s) as resp:
             body = bounded_json.loads(resp.read(MAX_HEALTHZ_BYTES), max_bytes=MAX_HEALTHZ_BYTES, what="healthz")
-    except (OSError, bounded_json.JsonRefused):  # URLError and timeouts are OSErrors
+    # URLError and timeouts are OSErrors. The address comes from the leader key in KV:
+    # a bad port is InvalidURL, a label over 63 characters UnicodeError (both
+    # ValueErrors), a broken answer an HTTPException. Each is silence, never a raise out
+    # of the standby's round.
+    except (OSError, ValueError, http.client.HTTPException):
         return None
     name = body.get("name") if isinstance(body, dict) else None
     return name if isinstance(name, str) else None
@@ -188,6 +207,7 @@ class LeaderProbe:
         self._session: str | None = None
         self._failures = 0
         self._denied = False
+        self._bad_address: str | None = None  # the last bad address logged (once each)
 
     def observe(self, holder: dict[str, Any] | None) -> str | None:
         """One round. Returns why the holder's session was invalidated, or None."""
@@ -197,7 +217,16 @@ class LeaderProbe:
             return None
         if holder["session"] != self._session:
             self._session, self._failures = holder["session"], 0
-        answered = self.probe(str(holder["address"]), self.timeout_s)
+        address = str(holder["address"])
+        problem = address_problem(address)
+        if problem is not None and address != self._bad_address:
+            # Not probed: a holder that advertises no reachable address is as silent as
+            # a dead one (deposing a live leader costs one lock-delay, see above).
+            log.info("the leader key's address %s (leader %s) is not host:port (%s): it counts as silent; "
+                     "set [controller] advertise on that controller", printable(address, 100),
+                     printable(str(holder.get("name")), 100), printable(problem, 100))
+            self._bad_address = address
+        answered = None if problem is not None else self.probe(address, self.timeout_s)
         if answered is not None:
             self._failures = 0
             return None

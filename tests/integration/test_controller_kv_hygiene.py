@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 
@@ -168,4 +169,45 @@ def test_consul_failing_the_txn_backs_off_and_keeps_the_lock(devconsul, caplog):
         doc = read_weights(client)
         assert doc.generation > first.generation and ctl.consul.election.is_leader
         assert sum("became leader" in r.getMessage() for r in caplog.records) <= 1
+        ctl.consul.election.release()
+
+
+def test_a_control_prefix_over_the_answer_bound_keeps_the_last_controls_and_the_lock(devconsul, caplog):
+    """Keys under control/ whose recursive read passes the 4 MiB answer bound (anyone can
+    write there): a new leader still starts its term and writes, a running one keeps its
+    lock and the last controls it read, and the failure is logged once, not per round."""
+    caplog.set_level(logging.INFO, "azprobe.controller")
+    client = consul.Consul(host=devconsul.host, port=devconsul.port)
+    junk = [f"azprobe/v1/control/junk-{i}" for i in range(9)]
+
+    def add_junk() -> None:
+        for key in junk:
+            assert client.kv.put(key, b"x" * 500_000)
+
+    add_junk()
+    with FakeAgentServer() as server:
+        for key, agent in zone_agents(AZS, 1).items():
+            server.add(key, agent)
+        ctl = _controller(devconsul.url, [server.url(k) for k in server.agents])
+        leader_flags: list[bool] = []
+        _rounds(ctl, server, 3, between=lambda i: leader_flags.append(ctl.consul.election.is_leader))
+        doc = read_weights(client)
+        assert all(leader_flags) and doc is not None and doc.leader == "ctl" and sorted(doc.zones) == AZS
+        assert ctl.consul.control_read_failures == 3
+        assert sum("operator controls: reading" in r.getMessage() for r in caplog.records) == 1
+
+        # readable again: a freeze is read and in force
+        client.kv.delete("azprobe/v1/control/", recurse=True)
+        client.kv.put("azprobe/v1/control/freeze", b"investigating")
+        _rounds(ctl, server, 1)
+        assert ctl.handover.take_inputs().controls.controls.freeze is True
+        assert any("works again after 3 failed reads" in r.getMessage() for r in caplog.records)
+
+        # unreadable again with the freeze deleted: the last good controls (frozen) hold
+        add_junk()
+        client.kv.delete("azprobe/v1/control/freeze")
+        leader_flags.clear()
+        _rounds(ctl, server, 2, between=lambda i: leader_flags.append(ctl.consul.election.is_leader))
+        assert all(leader_flags) and ctl.handover.take_inputs().controls.controls.freeze is True
+        assert ctl.consul.control_read_failures == 5
         ctl.consul.election.release()

@@ -12,7 +12,7 @@ import pytest
 from azprobe.clients.consul import ConsulSettings, make_client
 from azprobe.contracts.weights import ZoneWeights
 from azprobe.controller.config import parse_config
-from azprobe.controller.leader import LeaderElection, LeaderProbe
+from azprobe.controller.leader import LeaderElection, LeaderProbe, probe_healthz
 from azprobe.controller.main import Controller
 from azprobe.controller.publish import GLOBAL_VIEW, Fenced, Publisher, WeightsView
 from tests.controller_harness import ControllerProcess, leader_holder, read_weights
@@ -169,6 +169,25 @@ def test_probe_deposes_only_a_silent_leader(devconsul):
     assert probe.observe({"name": "ctl-2", "address": "x:1", "session": "s"}) is None
     assert probe.observe({"name": "ctl-1", "address": "", "session": "s"}) is None
     assert answers == []
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:abc", "a" * 70 + ".example:80", "[::1"],
+                         ids=["port-not-a-number", "label-over-63", "open-bracket"])
+def test_a_leader_key_address_that_is_no_address_is_silence_not_a_crash(devconsul, address):
+    """The leader key's address is KV input: one that urllib cannot even parse (InvalidURL,
+    UnicodeError) makes the probe see silence, so the standby's round goes on and a holder
+    nobody can reach is deposed like a dead one."""
+    assert probe_healthz(address, 0.1) is None
+    settings = ConsulSettings(address=devconsul.url)
+    client = make_client(settings)
+    leader = LeaderElection(client, settings, name="ctl-1", address=address, ttl_s=SESSION_TTL_S,
+                            lock_delay_s=LOCK_DELAY_S)
+    leader.tick()
+    standby = _elector(client, settings, "ctl-2")
+    probe = LeaderProbe(client, own_name="ctl-2", failures_needed=3, timeout_s=0.1)
+    assert probe.observe(standby.holder()) is None and probe.observe(standby.holder()) is None
+    reason = probe.observe(standby.holder())
+    assert reason and "ctl-1" in reason and leader_holder(client) is None
 
 
 def test_lost_session_steps_down_then_reacquires_with_a_new_one(devconsul, caplog):

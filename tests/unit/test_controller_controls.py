@@ -138,3 +138,35 @@ def test_a_host_switch_value_that_is_garbage_never_raises():
     for raw in (nested, b"\xff\xfe", b"{", b"null", b"[]", b"-1"):
         parsed = parse_controls({**_pin("198.18.2.12", raw), PREFIX + "hosts-off": raw}, PREFIX, NOW, AZS)
         assert dict(parsed.controls.host_pins) == {}
+
+
+@pytest.mark.parametrize("until", [10**400, -(10**400)], ids=["huge", "minus-huge"])
+def test_an_until_past_float_range_is_not_a_number(until):
+    # float() of a JSON integer past 1.8e308 raises OverflowError; it must read as "not a
+    # number" (refused), whatever the decoder lets through
+    from azprobe.controller.controls import _until
+
+    assert _until(until) is None
+    assert _until(NOW + 60) == NOW + 60 and _until(float("inf")) is None
+
+
+def test_one_key_that_fails_to_read_is_refused_and_the_others_apply(monkeypatch):
+    # Whatever a key's failure (here one the parsing has no handler for), it refuses that
+    # key alone: the freeze and the shift next to it stay in force.
+    from azprobe.controller import controls
+
+    bad = PREFIX + "host/198.18.2.12"
+    decode = controls._decode
+
+    def failing(raw):
+        if raw == b"boom":
+            raise OverflowError("int too large to convert to float")
+        return decode(raw)
+
+    monkeypatch.setattr(controls, "_decode", failing)
+    entries = {PREFIX + "freeze": b"", bad: b"boom", **_shift("az-c", NOW + 600)}
+    parsed = parse_controls(entries, PREFIX, NOW, AZS)
+    assert parsed.controls.freeze is True and dict(parsed.controls.shifts) == {"az-c": NOW + 600}
+    assert dict(parsed.controls.host_pins) == {} and parsed.ignored == 1
+    assert parsed.problems == (f"{bad}: ignored, its value could not be read (OverflowError): "
+                               "rewrite it as documented (docs/operations.md)",)
