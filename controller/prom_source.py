@@ -21,6 +21,12 @@ A `WindowSource` (controller/window_source.py), as the direct pull's Collector i
 the controller picks one or the other.
 A node is an AgentCursor keyed "instance/node"; its `newest_end` is the scrape timestamp
 of the last window read, so overlapping lookbacks never count a scrape twice.
+
+A scrape target (its target labels) speaks for one node, as a URL does for the direct
+pull, by the same rule (controller/collect.py's Identities): a target is named by its
+first accepted answer, and a name belongs to one target until it has been silent for the
+forget time. A name two targets claim in one answer stays with the one that held it; if
+neither did, it goes to neither: which one comes first in sort order proves nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import aiohttp
 
 from azprobe.contracts import bounded_json
 from azprobe.contracts.window import Window, printable
+from azprobe.controller.collect import FORGET_AFTER_WINDOWS as IDENTITY_FORGET_WINDOWS
+from azprobe.controller.collect import Identities
 from azprobe.controller.window_source import (AgentCursor, AgentState, AgentTarget, CollectCounters, PullResult,
                                               count_states)
 from azprobe.controller.window_store import WindowStore
@@ -57,6 +65,7 @@ RANGE_MARGIN_S = 1.5  # clock skew and a scrape in flight
 MIN_RANGE_S = 1.0
 FEED_BYTES = 256 << 10  # the answer goes to the decoding thread in pieces of this size
 ERROR_BODY_BYTES = 4096  # of a non-200 answer, read for its message
+REFUSED_LOG_EVERY_S = 60.0  # targets refused every cycle are logged this often
 
 
 class PrometheusCollector:
@@ -73,6 +82,7 @@ class PrometheusCollector:
         self.store = WindowStore(evaluation_window_s)
         self.cursors: dict[str, AgentCursor] = {}
         self.counters = CollectCounters()
+        self.speakers = TargetSpeakers(IDENTITY_FORGET_WINDOWS * self.store.horizon_s)  # as the direct pull forgets
         self._newest: float | None = None  # newest sample in the last answer (Prometheus clock)
         self._newest_wall = 0.0  # our wall clock when that answer arrived
         self._oldest_cursor: float | None = None  # oldest cursor among the nodes in that answer
@@ -169,7 +179,8 @@ class PrometheusCollector:
             reads = answer_windows(answer, {key: c.newest_end for key, c in self.cursors.items()},
                                    self.store.horizon_s)
         stored = 0
-        for key, series in answer.nodes.items():
+        speakers = self.speakers.accepted(answer, now, self.counters)  # the others are refused
+        for key, series in ((k, s) for k, s in answer.nodes.items() if k in speakers):
             # Ages by the node's own newest scrape, as the direct pull ages an agent's
             # windows by its own newest: one node's odd clock cannot age the others'.
             newest = max(series.info) if series.info else None
@@ -246,7 +257,9 @@ class PrometheusCollector:
     def _forget(self, now: float) -> None:
         horizon = FORGET_AFTER_WINDOWS * self.store.horizon_s
         for key in [k for k, c in self.cursors.items() if c.last_ok is not None and now - c.last_ok > horizon]:
-            del self.cursors[key]
+            # the store's node name per agent too, or target churn grows it for ever
+            self.store.forget_agent(self.cursors.pop(key).target.url)
+        self.speakers.identities.prune(now)
 
     async def _answer(self, cursors: Mapping[str, float | None]) -> tuple[ParsedAnswer, dict[str, NodeRead]]:
         """One query read, decoded and turned into windows, all within query_timeout_s; the
@@ -304,6 +317,56 @@ class PrometheusCollector:
             if pending:
                 await self._off_loop(stream.feed, bytes(pending))
         return await self._off_loop(stream.close)
+
+
+class TargetSpeakers:
+    """Which scrape target speaks for which node (the direct pull's Identities, a target
+    in a URL's place); a name two targets claim in one answer stays with its holder or
+    goes to neither."""
+
+    def __init__(self, forget_after_s: float) -> None:
+        self.identities = Identities(forget_after_s)
+        self._logged_at = float("-inf")
+
+    def accepted(self, answer: ParsedAnswer, now: float, counters: CollectCounters) -> set[str]:
+        """The keys of the answer whose target may speak for its node; the others are
+        refused, counted and logged (at most once a minute)."""
+        claimants: dict[str, list[str]] = {}
+        for key, series in answer.nodes.items():
+            claimants.setdefault(series.node, []).append(key)
+        accepted: set[str] = set()
+        problems: list[str] = []
+        for node, keys in sorted(claimants.items()):
+            if len(keys) > 1:
+                # Only a target that already speaks for the name keeps it (the claim
+                # below refreshes its hold); when none does, all are refused.
+                keys = [k for k in keys if self.identities.node_of(_speaker(answer, k)) == node] or keys
+                if len(keys) > 1:
+                    problems.append(f"node {printable(node, 40)!r} is claimed by {len(keys)} targets, none of "
+                                    "which spoke for it before: taken from none (narrow prometheus.selector "
+                                    "to one job or replica)")
+                    continue
+            (key,) = keys
+            problem = self.identities.claim(_speaker(answer, key), node, now)
+            if problem:
+                problems.append(f"target {printable(answer.nodes[key].target, 200)} {problem}")
+            else:
+                accepted.add(key)
+        refused = len(answer.nodes) - len(accepted)
+        counters.answers_refused += refused
+        if (problems or answer.refused_targets) and now - self._logged_at >= REFUSED_LOG_EVERY_S:
+            self._logged_at = now
+            if problems:
+                log.info("prometheus: %d node series refused (one target speaks for one node): %s%s", refused,
+                         problems[0], f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            if answer.refused_targets:
+                log.info("prometheus: %d scrape targets refused whole: their series carry more than one node name",
+                         answer.refused_targets)
+        return accepted
+
+
+def _speaker(answer: ParsedAnswer, key: str) -> str:
+    return f"prometheus:{answer.nodes[key].target}"
 
 
 def _drop_tracebacks(error: BaseException) -> None:

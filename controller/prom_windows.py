@@ -9,8 +9,11 @@ decision path (merge, per-node quorum, safety) already consumes from the direct 
 
 Everything from the network is bounded here: series count, samples per series, label
 lengths, AZ names per node, timestamps and values. A series that breaks a rule is
-skipped and counted as garbage; a node whose windows break the window contract loses
-those windows (each is checked by `parse_window`, the one validator). The work is
+skipped and counted as garbage, and its node loses its windows of that answer (a window
+built without one of its series would be a partial one, e.g. connects without their
+successes); a node whose windows break the window contract loses those windows (each is
+checked by `parse_window`, the one validator). A scrape target speaks for one node: one
+whose series carry several `node` names is refused whole. The work is
 linear in the samples read: each series is walked once, in timestamp order, and only the
 scrapes inside the evaluation window become windows. Pure code.
 """
@@ -31,6 +34,10 @@ from azprobe.contracts.window import (COUNTER_FIELDS, HISTOGRAM_FIELDS, MAX_COUN
 MAX_LABEL_LEN = 253
 MAX_SAMPLES_PER_SERIES = 4000  # a lookback of an hour at 1 s scrapes
 MAX_TIMESTAMP = 1e11
+# Samples are cumulative counters since the agent started: an honest long-running agent
+# passes 2^32 (MAX_COUNT, the per-window bound parse_window checks each delta against).
+# 2^53: the largest integer a float holds exactly, so deltas stay exact integers.
+MAX_CUMULATIVE = 2**53
 MAX_LABELS = 32
 # One series of an answer, as JSON text: MAX_SAMPLES_PER_SERIES samples of at most 64
 # characters (a timestamp, a 40-character value, the brackets) and MAX_LABELS labels.
@@ -78,6 +85,7 @@ class NodeSeries:
     """The raw samples of one node (one scrape target), by kind."""
 
     node: str
+    target: str = ""  # the scrape target's labels (all but the series' own), as text
     info: dict[float, tuple[str, str]] = field(default_factory=dict)  # t -> (az, boot_id)
     counters: dict[tuple[str, str, str], Samples] = field(default_factory=dict)  # (src, dst, field)
     buckets: dict[tuple[str, str, str, float], Samples] = field(default_factory=dict)  # (.., upper µs)
@@ -86,12 +94,14 @@ class NodeSeries:
     lost: Samples = field(default_factory=Samples)
     azs: set[str] = field(default_factory=set)
     count: int = 0  # series read
+    tainted: bool = False  # a series of it was garbage: no window of this answer is whole
 
 
 @dataclass
 class ParsedAnswer:
     nodes: dict[str, NodeSeries]  # key: instance + node
     garbage_series: int = 0
+    refused_targets: int = 0  # targets whose series carry more than one node name
     newest: float | None = None  # the newest scrape of any node in the answer
 
 
@@ -118,10 +128,10 @@ def _samples(values: object) -> Samples | None:
             return None
         try:
             value = float(raw)
-        except ValueError:
+            ts = round(float(ts), 3)  # a JSON integer past a float's range: OverflowError
+        except (ValueError, OverflowError):
             return None
-        ts = round(float(ts), 3)
-        if not (0 < ts < MAX_TIMESTAMP) or ts <= last or not math.isfinite(value) or not 0 <= value <= MAX_COUNT:
+        if not (0 < ts < MAX_TIMESTAMP) or ts <= last or not math.isfinite(value) or not 0 <= value <= MAX_CUMULATIVE:
             return None
         last = ts
         times.append(ts)
@@ -155,8 +165,10 @@ def check_envelope(doc: object) -> list:
 class AnswerBuilder:
     """The series of one answer, added one at a time as they are decoded; the answer is
     refused at the series past max_series, so an oversized result is never held whole.
-    One node, one vantage point: when several targets carry the same `node` label, the
-    first by target labels is kept and the others' series count as garbage."""
+    One target, one node, as the direct pull takes one URL for one node: a target whose
+    series carry more than one `node` name is refused whole (its series count as
+    garbage), or it could speak for its neighbours. A name claimed by two targets is
+    left to the collector, which knows which target held it before (PrometheusCollector)."""
 
     def __init__(self, max_series: int) -> None:
         self.max_series = max_series
@@ -172,13 +184,12 @@ class AnswerBuilder:
 
     def finish(self) -> ParsedAnswer:
         answer = self._answer
-        claimed: set[str] = set()
-        for key in sorted(answer.nodes):
-            series = answer.nodes[key]
-            if series.node in claimed:
-                del answer.nodes[key]
-                answer.garbage_series += series.count
-            claimed.add(series.node)
+        names: dict[str, set[str]] = {}  # target -> the node names its series carry
+        for series in answer.nodes.values():
+            names.setdefault(series.target, set()).add(series.node)
+        for key in [k for k, series in answer.nodes.items() if len(names[series.target]) > 1]:
+            answer.garbage_series += answer.nodes.pop(key).count
+        answer.refused_targets = sum(len(n) > 1 for n in names.values())
         answer.newest = max((max(n.info) for n in answer.nodes.values() if n.info), default=None)
         return answer
 
@@ -195,15 +206,22 @@ def _add_series(answer: ParsedAnswer, entry: object) -> bool:
         return False
     # The scrape target: every label but the series' own (name, path, bucket, identity),
     # so two targets claiming one node (two jobs, unmerged HA replicas) never mix samples.
-    target = sorted((k, v) for k, v in labels.items() if k not in _SERIES_OWN_LABELS)
-    samples = _samples(entry.get("values"))
-    if samples is None or not samples.times:
-        return False
-    key = "/".join(f"{k}={v}" for k, v in target) + f"/{node_name}"
+    target = "/".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in _SERIES_OWN_LABELS)
+    key = f"{target}/{node_name}"
     node = answer.nodes.get(key)
     if node is None:
-        node = answer.nodes[key] = NodeSeries(node=node_name)
+        node = answer.nodes[key] = NodeSeries(node=node_name, target=target)
     node.count += 1
+    if not _add_samples(node, name, labels, entry.get("values")):
+        node.tainted = True
+        return False
+    return True
+
+
+def _add_samples(node: NodeSeries, name: str, labels: Mapping, values: object) -> bool:
+    samples = _samples(values)
+    if samples is None or not samples.times:
+        return False
     if name == prom.INFO_SERIES:
         az, boot_id = _label(labels, prom.LABEL_AZ), _label(labels, prom.LABEL_BOOT_ID)
         if az is None or boot_id is None:
@@ -295,6 +313,8 @@ def node_windows(series: NodeSeries, after: float | None, horizon_s: float = mat
     too_old = recent - first
     if recent >= len(scrapes):
         return NodeRead([], 0, newest, gap, too_old)
+    if series.tainted:  # a series its windows need was garbage: none of them is whole
+        return NodeRead([], len(scrapes) - recent, newest, gap, too_old)
     index = {t: i for i, t in enumerate(scrapes)}
     restarted = [False] + [series.info[t0][1] != series.info[t1][1] for t0, t1 in zip(scrapes, scrapes[1:])]
     counters: dict[int, list[tuple[tuple[str, str, str], int]]] = {}

@@ -261,16 +261,132 @@ def test_config_errors_name_the_field(agents, prometheus, field):
     assert str(exc.value).startswith(f"{field}:") or f" {field}:" in str(exc.value) or field in str(exc.value)
 
 
-def test_two_targets_claiming_one_node_give_one_vantage_point():
-    agent, doc = scraped_agent(ticks=2)
-    _, other = scraped_agent(ticks=2)  # a second target (another job, an unmerged replica)
-    for entry in other["data"]["result"]:
-        entry["metric"]["instance"] = "10.0.0.9:9740"
-    doc["data"]["result"] += other["data"]["result"]
-    answer = parse_answer(doc, max_series=10_000)
+def _collector(now: float = 5000.0) -> PrometheusCollector:
+    config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
+                           "prometheus": {"url": "http://127.0.0.1:9"}, "topology": {"azs": ["az-a", "az-b"]}})
+    return PrometheusCollector(config.prometheus, evaluation_window_s=10.0, stale_after_s=5.0, clock=lambda: now,
+                               topology=topology(("az-a", "az-b")))
+
+
+def _as_target(doc: dict, instance: str, node: str | None = None) -> list:
+    """The answer's series as another scrape target's (optionally under another node name)."""
+    entries = copy.deepcopy(doc["data"]["result"])
+    for entry in entries:
+        entry["metric"]["instance"] = instance
+        if node is not None:
+            entry["metric"]["node"] = node
+    return entries
+
+
+def test_a_target_whose_series_carry_several_node_names_is_refused_whole():
+    # One hostile target (sorting first) exposes its series as node-1, the honest node's
+    # name, and as four invented nodes: it may speak for none of them.
+    honest, doc = scraped_agent(ticks=3)
+    _, evil = scraped_agent(ticks=3)
+    hostile = [e for name in ("node-1", "fake-1", "fake-2", "fake-3", "fake-4")
+               for e in _as_target(evil, "10.0.0.0:9740", name)]
+    doc["data"]["result"] += hostile
+    answer = parse_answer(doc, max_series=100_000)
+    assert [s.node for s in answer.nodes.values()] == ["node-1"] and answer.refused_targets == 1
+    assert answer.garbage_series == len(hostile)
+    collector = _collector()
+    assert collector.ingest(answer, 5000.0) == 3
+    (cursor,) = collector.cursors.values()
+    assert "10.0.0.1:9740" in cursor.target.url and cursor.boot_id == honest.boot_id
+    assert sorted(collector.store.node_input()) == ["node-1"]
+
+
+def test_a_name_two_targets_claim_stays_with_its_holder_or_goes_to_neither():
+    honest, doc = scraped_agent(ticks=3)
+    _, other = scraped_agent(ticks=3)  # another target naming node-1: another job, a replica, a liar
+    both = copy.deepcopy(doc)
+    both["data"]["result"] += _as_target(other, "10.0.0.0:9740")  # sorts first
+    # Neither held the name: which comes first proves nothing, it goes to neither.
+    collector = _collector()
+    assert collector.ingest(parse_answer(both, max_series=10_000), 5000.0) == 0
+    assert collector.cursors == {} and collector.counters.answers_refused == 2
+    # The honest target held it first: it keeps it, the newcomer is refused.
+    collector = _collector()
+    assert collector.ingest(parse_answer(doc, max_series=10_000), 5000.0) == 3
+    answer = parse_answer(both, max_series=10_000)
+    assert len(answer.nodes) == 2 and answer.garbage_series == 0  # the collector decides, by who held it
+    collector.ingest(answer, 5001.0)
+    (cursor,) = collector.cursors.values()
+    assert "10.0.0.1:9740" in cursor.target.url and cursor.boot_id == honest.boot_id
+    assert collector.counters.answers_refused == 1
+    assert {w.boot_id for w in collector.take_new()} == {honest.boot_id}  # one target's samples, never mixed
+
+
+def test_cumulative_counters_past_2_32_are_counted_exactly():
+    # An honest long-running agent: 2^32 connects and retransmits on every path so far.
+    # Each window's delta is small; only the cumulative sample passes 2^32.
+    agent = SyntheticAgent("node-1", "az-a", PATHS)
+    agent.tick(end=999.0)
+    for key in agent.totals:
+        for name in ("conn_attempts", "conn_ok", "retrans"):
+            agent.totals[key][name] += 2**32
+    scrapes = [(1000.0, scrape(agent))]
+    for i in range(1, 4):
+        agent.tick(end=1000.0 + i)
+        scrapes.append((1000.0 + i, scrape(agent)))
+    answer = parse_answer(matrix(scrapes), max_series=10_000)
+    assert answer.garbage_series == 0
     (series,) = answer.nodes.values()
-    assert answer.garbage_series == len(other["data"]["result"])
-    assert {b for _, b in series.info.values()} == {agent.boot_id}  # one target's samples, never mixed
+    windows = node_windows(series, after=None).windows
+    assert len(windows) == 3
+    for got, sent in zip(windows, list(agent.ring)[-3:]):
+        counts = {(p.src, p.dst): {n: getattr(p, n) for n in COUNTER_FIELDS} for p in got.paths}
+        assert counts == {(p.src, p.dst): {n: getattr(p, n) for n in COUNTER_FIELDS} for p in sent.paths}
+
+
+def test_a_garbage_series_drops_its_nodes_windows_not_a_part_of_them():
+    # conn_ok with one sample out of bounds: windows built without it would be connects
+    # without their successes (success 0 %); none of the node's windows of that answer
+    # is built, and the cursor moves past them.
+    _, doc = scraped_agent(ticks=2)
+    ok = prom.COUNTER_SERIES["conn_ok"]
+    bad = copy.deepcopy(doc)
+    entry = next(e for e in bad["data"]["result"]
+                 if e["metric"]["__name__"] == ok and e["metric"]["dst_az"] == "az-b")
+    entry["values"][1][1] = "-1"
+    answer = parse_answer(bad, max_series=10_000)
+    assert answer.garbage_series == 1
+    (series,) = answer.nodes.values()
+    read = node_windows(series, after=None)
+    assert read.windows == [] and read.garbage == 2 and read.newest == 1002.0
+
+
+def test_a_timestamp_past_float_range_is_garbage_not_an_error():
+    # A JSON integer of 400 digits: float() raises OverflowError, no ValueError handler
+    # catches it. The series is garbage, the answer and the cycle go on.
+    _, doc = scraped_agent(ticks=2)
+    entry = next(e for e in doc["data"]["result"] if e["metric"]["__name__"] == prom.INFO_SERIES)
+    entry["values"][0][0] = 10**400
+    answer = parse_answer(doc, max_series=10_000)
+    assert answer.garbage_series == 1 and len(answer.nodes) == 1
+
+
+def test_a_forgotten_node_leaves_the_store_too():
+    # Target churn (a new instance label per pod): each forgotten cursor takes its entry
+    # in the store's agent -> node map with it, or the map grows for ever.
+    now = [5000.0]
+    config = parse_config({"controller": {"name": "c"}, "consul": {}, "agents": {"source": "prometheus"},
+                           "prometheus": {"url": "http://127.0.0.1:9"}, "topology": {"azs": ["az-a", "az-b"]}})
+    collector = PrometheusCollector(config.prometheus, evaluation_window_s=3.0, stale_after_s=5.0,
+                                    clock=lambda: now[0], topology=topology(("az-a", "az-b")))
+    _, doc = scraped_agent(ticks=2)
+
+    async def churn() -> None:
+        for i in range(5):
+            pod = copy.deepcopy(doc)
+            pod["data"]["result"] = _as_target(doc, f"10.1.0.{i}:9740", f"pod-{i}")
+            assert collector.ingest(parse_answer(pod, max_series=10_000), now[0]) == 2
+            now[0] += 100.0  # each pod long gone before the next appears
+            await collector.pull_all()  # Prometheus unreachable: the cycle still prunes and forgets
+        await collector.close()
+
+    asyncio.run(churn())
+    assert collector.cursors == {} and len(collector.store) == 0 and collector.store.agent_node == {}
 
 
 def test_a_sample_missing_from_a_series_is_not_counted_twice_or_as_a_birth():
