@@ -67,7 +67,6 @@ class ConsulDuties:
         self._logged_off = False
         self._write_failures = 0  # consecutive failed weight writes (not 409s)
         self._write_retry_at = float("-inf")  # publisher clock
-        self.control_read_failures = 0  # failed reads of control/ (the last good controls held)
         self._control_failures_run = 0  # consecutive ones
         self._control_logged_at = float("-inf")  # monotonic
 
@@ -187,7 +186,7 @@ class ConsulDuties:
             self._logged_problems = operator.problems
 
     def _control_read_failed(self, prefix: str, exc: ConsulError) -> None:
-        self.control_read_failures += 1
+        self.publisher.counters.control_read_errors += 1
         self._control_failures_run += 1
         now = time.monotonic()
         if now - self._control_logged_at >= CONTROLS_LOG_EVERY_S:

@@ -87,6 +87,7 @@ class PublishCounters:
     skipped_unchanged: int = 0
     write_errors: int = 0  # transactions Consul failed (not 409s): retried with backoff
     generation_restarts: int = 0  # implausible generations found in KV
+    control_read_errors: int = 0  # reads of control/ that failed: the last good controls held
 
 
 @dataclass

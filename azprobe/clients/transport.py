@@ -420,7 +420,7 @@ class AgentHttpClient:
             self.counters["handshakes"] += 1
         else:
             _, conn = await loop.create_connection(self._protocol, ep.host, ep.port)
-        conn.key = (ep.scheme, ep.host, ep.port)
+        conn.key = ep.key
         return conn
 
     async def _open(self, ep: Endpoint, key: tuple[str, str, int], deadline: float) -> _Connection:

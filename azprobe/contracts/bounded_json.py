@@ -125,8 +125,8 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_bytes: int, what: s
           object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """Decode JSON of at most `max_bytes` (UTF-8) bytes nested at most `max_depth` deep.
     `what` names the input in the refusal ("weights document", "request body", ...).
-    Raises JsonRefused for any input it does not decode, also an integer of more than
-    MAX_INT_DIGITS digits; the hooks' own exceptions pass through unchanged."""
+    Raises JsonRefused for any input it does not decode, also an integer a float cannot
+    hold; the hooks' own exceptions pass through unchanged."""
     text = check(data, max_bytes=max_bytes, what=what, max_depth=max_depth)
     try:
         return json.loads(text, parse_int=int_parser(what), parse_constant=parse_constant,

@@ -287,6 +287,8 @@ _TOTALS_HELP: dict[str, dict[str, str]] = {
         "write_errors": "Weights transactions Consul failed (not conflicts); retried with backoff",
         "generation_restarts": "Times the leader found an implausible generation in KV and restarted the "
                                "numbering at 1",
+        "control_read_errors": "Reads of the operator controls (control/) that failed; the last good controls "
+                               "stayed in force",
     },
     TOPOLOGY_PREFIX: {
         "windows_unknown_az": "Agent windows dropped whole because their own AZ is not configured",

@@ -193,7 +193,7 @@ def test_a_control_prefix_over_the_answer_bound_keeps_the_last_controls_and_the_
         _rounds(ctl, server, 3, between=lambda i: leader_flags.append(ctl.consul.election.is_leader))
         doc = read_weights(client)
         assert all(leader_flags) and doc is not None and doc.leader == "ctl" and sorted(doc.zones) == AZS
-        assert ctl.consul.control_read_failures == 3
+        assert ctl.consul.publisher.counters.control_read_errors == 3
         assert sum("operator controls: reading" in r.getMessage() for r in caplog.records) == 1
 
         # readable again: a freeze is read and in force
@@ -209,5 +209,5 @@ def test_a_control_prefix_over_the_answer_bound_keeps_the_last_controls_and_the_
         leader_flags.clear()
         _rounds(ctl, server, 2, between=lambda i: leader_flags.append(ctl.consul.election.is_leader))
         assert all(leader_flags) and ctl.handover.take_inputs().controls.controls.freeze is True
-        assert ctl.consul.control_read_failures == 5
+        assert ctl.consul.publisher.counters.control_read_errors == 5
         ctl.consul.election.release()
