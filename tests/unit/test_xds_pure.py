@@ -108,6 +108,23 @@ def test_streams_owed_the_same_share_one_serialized_body_and_differ_only_in_the_
     assert rs.decode().nonce == rs.nonce and len(rs.decode().resources) == 1
 
 
+def test_the_shared_responses_of_a_snapshot_are_bounded_in_bytes():
+    """Each distinct removed-names list is a response of its own: a client cycling invented
+    names held 256 of them per snapshot, ~44 MiB."""
+    from azprobe.consumers.xds.snapshot import MAX_ENCODED_BYTES
+
+    shared, built = snap(), []
+
+    def body(i: int) -> bytes:
+        built.append(i)
+        return bytes(1 << 20)
+
+    for i in range(MAX_ENCODED_BYTES // (1 << 20) + 2):
+        shared.encoded(("delta", i), lambda i=i: body(i))
+    assert shared.encoded(("delta", 0), lambda: body(0)) and built.count(0) == 2  # dropped, built again
+    assert sum(map(len, shared._encoded.values())) <= MAX_ENCODED_BYTES
+
+
 def test_plan_never_has_a_zero_weight_nor_an_empty_plan():
     plan = plan_localities(EPS["backend"], sample_weights_doc(1, {"az-a": 99, "az-b": 1}))
     assert all(loc.weight >= 1 for loc in plan)

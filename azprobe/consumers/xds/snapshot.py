@@ -23,6 +23,9 @@ from azprobe.contracts.weights import WeightsDoc
 
 VERSION_CHARS = 16
 MAX_ENCODED = 256  # distinct serialized responses kept per snapshot (in practice a handful)
+# ... and their bytes: a delta client cycling invented names is owed a response of its own
+# each time, 256 of which came to ~44 MiB
+MAX_ENCODED_BYTES = 8 << 20
 EQUAL_PREFIX = "equal-"  # in system_version_info: no usable document, equal weights
 
 
@@ -52,9 +55,10 @@ class ViewSnapshot:
         beyond this snapshot)."""
         body = self._encoded.get(key)
         if body is None:
-            if len(self._encoded) >= MAX_ENCODED:
+            body = build()
+            if len(self._encoded) >= MAX_ENCODED or sum(map(len, self._encoded.values())) + len(body) > MAX_ENCODED_BYTES:
                 self._encoded.clear()
-            body = self._encoded[key] = build()
+            self._encoded[key] = body
         return body
 
 
