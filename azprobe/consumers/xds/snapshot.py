@@ -56,7 +56,8 @@ class ViewSnapshot:
         body = self._encoded.get(key)
         if body is None:
             body = build()
-            if len(self._encoded) >= MAX_ENCODED or sum(map(len, self._encoded.values())) + len(body) > MAX_ENCODED_BYTES:
+            held = sum(map(len, self._encoded.values()))
+            if len(self._encoded) >= MAX_ENCODED or held + len(body) > MAX_ENCODED_BYTES:
                 self._encoded.clear()
             self._encoded[key] = body
         return body
