@@ -40,16 +40,29 @@ _TOML_TEXT = re.compile(rb"""
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
+def _read_regular(p: Path, field: str, what: str, fix: str) -> bytes:
+    """At most MAX_FILE_BYTES + 1 bytes of the regular file `p`, else a ConfigError on
+    `field`. O_NONBLOCK and the S_ISREG check: a FIFO at the path would hang a start or a
+    SIGHUP's reload for ever; a NUL in the path is a config error, not a ValueError."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(field, f"{p}: {what} not found", fix) from None
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {p}: {exc.strerror}") from None
+    except ValueError:
+        raise ConfigError(field, f"{printable(str(p), 200)!r} contains a NUL byte", "write the path without it") \
+            from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError(field, f"{p} is not a regular file", fix)
+        return f.read(MAX_FILE_BYTES + 1)
+
+
 def read_file(path: str | Path, field: str) -> bytes:
     """An operator's file, at most MAX_FILE_BYTES; a ConfigError on `field` otherwise."""
     p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(field, f"{p}: file not found", "pass an existing file") from None
-    except OSError as exc:
-        raise ConfigError(field, f"cannot read {p}: {exc.strerror}") from None
+    raw = _read_regular(p, field, "file", "pass an existing file")
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(field, f"{p} is larger than {MAX_FILE_BYTES} bytes")
     return raw
@@ -76,13 +89,7 @@ def parse_toml(raw: bytes, field: str) -> dict[str, Any]:
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file; a missing or unparsable file is a ConfigError naming it."""
     p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(str(p), "config file not found", "pass --config with an existing file") from None
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot read config: {exc.strerror}") from None
+    raw = _read_regular(p, str(p), "config file", "pass --config with an existing file")
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(str(p), f"config larger than {MAX_FILE_BYTES} bytes")
     return parse_toml(raw, str(p))
@@ -199,6 +206,9 @@ def read_secret_file(path: str | Path, field: str) -> bytes:
     except OSError as exc:
         raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
                           "point it at a readable file of mode 0600") from None
+    except ValueError:  # a NUL in the path
+        raise ConfigError(field, f"{printable(str(path), 200)!r} contains a NUL byte", "write the path without it") \
+            from None
     try:
         st = os.fstat(fd)
         mode = stat.S_IMODE(st.st_mode)
@@ -266,7 +276,8 @@ def parse_host_port(value: str, field: str, *, listen: bool = False) -> tuple[st
     """"host:port" or "[v6]:port" -> (host, port). A listen address may have port 0: the
     kernel picks a free port, which the daemon reports (azprobe.daemon.address_file)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not (len(port) <= 5 and port.isascii() and port.isdigit()) or not (0 if listen else 1) <= int(port) < 65536:
+    valid = len(port) <= 5 and port.isascii() and port.isdigit()  # isdigit() alone takes "²", which int() refuses
+    if not sep or not valid or not (0 if listen else 1) <= int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not host:port", "for example 127.0.0.1:9740")
     return host.strip("[]") or "0.0.0.0", int(port)
 

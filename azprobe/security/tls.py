@@ -30,6 +30,7 @@ from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Generic, TypeVar
 
 from azprobe.config import Section, read_secret_file
+from azprobe.contracts.window import printable
 from azprobe.errors import ConfigError
 from azprobe.security import reloadable
 
@@ -67,6 +68,8 @@ def _check_pem(path: str, field: str) -> None:
     except OSError as exc:
         raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
                           "point it at a readable PEM file") from None
+    except ValueError:  # a NUL in the path
+        raise ConfigError(field, f"{printable(path, 200)!r} contains a NUL byte", "write the path without it") from None
     if not os.path.isfile(path) or st.st_size > MAX_PEM_BYTES:
         raise ConfigError(field, f"{path} is not a PEM file of at most {MAX_PEM_BYTES} bytes",
                           "point it at a PEM certificate file")
@@ -77,10 +80,18 @@ def _load_chain(ctx: ssl.SSLContext, files: TlsFiles, field: str) -> None:
     _check_pem(files.cert_file, f"{field}.cert_file")
     read_secret_file(files.key_file, f"{field}.key_file")  # refuses a key others may read
     try:
-        ctx.load_cert_chain(files.cert_file, files.key_file)
+        # Without a password callable OpenSSL asks for a pass phrase on the terminal: a
+        # rotation to an encrypted key would block the daemon (in an SNI callback, its
+        # serving thread) until someone typed one.
+        ctx.load_cert_chain(files.cert_file, files.key_file, password=lambda: _encrypted(files.key_file, field))
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"{field}.cert_file", f"cannot load {files.cert_file} with key {files.key_file}: "
                           f"{_reason(exc)}", "give a PEM certificate chain and its matching private key") from None
+
+
+def _encrypted(key_file: str, field: str) -> bytes:
+    raise ConfigError(f"{field}.key_file", f"{key_file} is encrypted: azprobe reads no pass phrase",
+                      f"give an unencrypted key (openssl pkey -in {key_file} -out KEY), of mode 0600")
 
 
 def _load_ca(ctx: ssl.SSLContext, path: str, field: str) -> None:

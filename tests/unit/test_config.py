@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from azprobe.config import (MAX_FILE_BYTES, MAX_SECRET_BYTES, Section, load_toml, parse_host_port, parse_toml,
-                            parse_topology, read_secret_file, read_token_file)
+                            parse_topology, read_file, read_secret_file, read_token_file)
 from azprobe.contracts.bounded_json import MAX_DEPTH
 from azprobe.errors import ConfigError
 from tests.helpers import require, require_root
@@ -185,6 +185,21 @@ def test_a_secret_that_is_not_a_regular_file_is_refused_without_blocking(tmp_pat
     for path in (fifo, tmp_path):
         with pytest.raises(ConfigError, match=f"^consul.token_file: {path} is not a regular file"):
             read_secret_file(path, "consul.token_file")
+
+
+def test_an_operators_file_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    # a plain open() of a FIFO waits for a writer: `xds serve` with such an endpoints_file,
+    # or a config path that became one before a SIGHUP, hung for ever
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ConfigError, match=f"^xds.endpoints_file: {fifo} is not a regular file"):
+        read_file(fifo, "xds.endpoints_file")
+    with pytest.raises(ConfigError, match=f"^{fifo}: {fifo} is not a regular file"):
+        load_toml(fifo)
+    for read in (lambda p: read_file(p, "xds.endpoints_file"), load_toml,
+                 lambda p: read_secret_file(p, "consul.token_file")):
+        with pytest.raises(ConfigError, match="contains a NUL byte"):
+            read(f"{tmp_path}/a\0b")
 
 
 def test_a_secret_owned_by_another_user_is_refused(tmp_path):

@@ -90,6 +90,30 @@ def test_a_key_others_can_read_is_refused_with_the_fix(pki) -> None:
     assert "PRIVATE KEY" not in str(err.value)
 
 
+def test_an_encrypted_key_is_a_config_error_not_a_pass_phrase_prompt(pki, tmp_path) -> None:
+    """Without a password callable OpenSSL reads a pass phrase from the terminal: a daemon
+    with a tty (a container run with -t) blocked on a rotation to an encrypted key."""
+    import subprocess
+
+    _, server, _ = pki
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(["openssl", "pkey", "-in", server.key_file, "-out", str(encrypted), "-aes256",
+                    "-passout", "pass:secret"], check=True, capture_output=True)
+    encrypted.chmod(0o600)
+    with pytest.raises(ConfigError) as err:
+        server_context(TlsFiles(server.cert_file, str(encrypted)), "agent.tls")
+    assert str(err.value).startswith("agent.tls.key_file: ") and "is encrypted" in str(err.value), str(err.value)
+    assert "secret" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_path_with_a_nul_byte_is_a_config_error(pki) -> None:
+    _, server, _ = pki
+    for files, field in ((TlsFiles(server.cert_file + "\0x", server.key_file), "agent.tls.cert_file"),
+                         (TlsFiles(server.cert_file, server.key_file + "\0x"), "agent.tls.key_file")):
+        with pytest.raises(ConfigError, match=f"^{field}: .*contains a NUL byte"):
+            server_context(files, "agent.tls")
+
+
 def test_a_rotated_certificate_is_used_by_the_next_handshake_without_a_restart(pki, monkeypatch) -> None:
     ca, server, client = pki
     monkeypatch.setattr("azprobe.security.tls.CHECK_EVERY_S", 0.0)
