@@ -35,7 +35,7 @@ from azprobe.daemon.address_file import format_host_port, write_address_file
 from azprobe.config import parse_host_port
 from azprobe.errors import ConfigError, PrerequisiteError
 from azprobe.contracts.sketch import Histogram
-from azprobe.contracts.window import HISTOGRAM_FIELDS, Utilisation, Window
+from azprobe.contracts.window import HISTOGRAM_FIELDS, MAX_WINDOW_S, Utilisation, Window
 
 log = logging.getLogger("azprobe.agent")
 
@@ -169,8 +169,9 @@ class Agent:
             new = load_agent_config(self.config_path)
             with self._lock:
                 self._apply(new)
-        except ConfigError as exc:
-            log.error("reload of %s failed, keeping the old topology: %s", self.config_path, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever a reload meets, the running agent goes on
+            log.error("reload of %s failed, keeping the old topology: %s", self.config_path,
+                      exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}")
             return False
         log.info("reloaded topology: %s", ", ".join(sorted(new.topology)))
         if self.tls is not None:  # the same files, re-read: SIGHUP also says "the certificate changed"
@@ -209,10 +210,18 @@ class Agent:
         with self._lock:
             snap = self.probe.snapshot(self._rtt_paths())
             delta = snapshot_delta(snap, self._prev)
-            end = time.time()
+            end = max(time.time(), self._prev_end)
+            # A window may span MAX_WINDOW_S at most, or every reader refuses it and all its
+            # counts are lost: after a clock step, a suspend or an hour of failed reads,
+            # the counts since the last window go into one that says it spans the limit.
+            start = max(self._prev_end, end - MAX_WINDOW_S)
+            if start > self._prev_end:
+                log.warning("%.0f s since the last window (clock step, suspend or failed reads): this one "
+                            "holds their counts and spans %.0f s, the most a window may", end - self._prev_end,
+                            MAX_WINDOW_S)
             self._seq += 1
             window = Window(node=self.config.node, az=self.config.az, boot_id=self.boot_id,
-                            seq=self._seq, start=self._prev_end, end=max(end, self._prev_end),
+                            seq=self._seq, start=start, end=end,
                             util=self._util.sample(), paths=path_stats(delta, self.registry.name_of),
                             lost_events=delta.lost_events,
                             source=getattr(self.probe, "source", "bpf"),
