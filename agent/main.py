@@ -42,6 +42,17 @@ log = logging.getLogger("azprobe.agent")
 HEALTHY_AFTER_INTERVALS = 3
 
 
+def window_start(prev_end: float, end: float) -> float:
+    """Where a window ending at `end` starts. It may span MAX_WINDOW_S at most, or every
+    reader refuses it and all its counts are lost: after a clock step, a suspend or an
+    hour of failed reads, the counts since the last window go into one that spans the limit."""
+    start = max(prev_end, end - MAX_WINDOW_S)
+    if start > prev_end:
+        log.warning("%.0f s since the last window (clock step, suspend or failed reads): this one holds their "
+                    "counts and spans %.0f s, the most a window may", end - prev_end, MAX_WINDOW_S)
+    return start
+
+
 class Agent:
     def __init__(self, config: AgentConfig, *, config_path: str | Path | None = None,
                  listen: tuple[str, int] | None = None, probe: Probe | None = None,
@@ -170,8 +181,7 @@ class Agent:
             with self._lock:
                 self._apply(new)
         except Exception as exc:  # noqa: BLE001 - whatever a reload meets, the running agent goes on
-            log.error("reload of %s failed, keeping the old topology: %s", self.config_path,
-                      exc if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}")
+            log.error("reload of %s failed, keeping the old topology: %r", self.config_path, exc)
             return False
         log.info("reloaded topology: %s", ", ".join(sorted(new.topology)))
         if self.tls is not None:  # the same files, re-read: SIGHUP also says "the certificate changed"
@@ -211,14 +221,7 @@ class Agent:
             snap = self.probe.snapshot(self._rtt_paths())
             delta = snapshot_delta(snap, self._prev)
             end = max(time.time(), self._prev_end)
-            # A window may span MAX_WINDOW_S at most, or every reader refuses it and all its
-            # counts are lost: after a clock step, a suspend or an hour of failed reads,
-            # the counts since the last window go into one that says it spans the limit.
-            start = max(self._prev_end, end - MAX_WINDOW_S)
-            if start > self._prev_end:
-                log.warning("%.0f s since the last window (clock step, suspend or failed reads): this one "
-                            "holds their counts and spans %.0f s, the most a window may", end - self._prev_end,
-                            MAX_WINDOW_S)
+            start = window_start(self._prev_end, end)
             self._seq += 1
             window = Window(node=self.config.node, az=self.config.az, boot_id=self.boot_id,
                             seq=self._seq, start=start, end=end,
