@@ -61,7 +61,13 @@ def parse_head(head: bytes) -> Request:
         headers[name.lower()] = value.strip()
     tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
     keep_alive = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
-    url = urlsplit(target)
+    try:
+        url = urlsplit(target)
+    except ValueError:
+        # urlsplit raises a bare ValueError for a bracket it cannot close ("//[::1/x",
+        # "Invalid IPv6 URL"); unanswered, that is a traceback per request and a close
+        # with no response, so the client gets a 400 naming the target instead.
+        raise HeadError(400, f"bad request target {target[:60]!r}") from None
     return Request(method, url.path, parse_qs(url.query), headers, keep_alive)
 
 

@@ -470,6 +470,7 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection():
     (b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n", b"431"),
     (b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 20_000, b"431"),  # too long before it ends, too
     (b"BREW /pot HTCPCP/1.0\r\n\r\n", b"505"),
+    (b"GET //[::1/v1/windows HTTP/1.1\r\nHost: x\r\n\r\n", b"400"),  # urlsplit: "Invalid IPv6 URL"
     (b"GET /healthz HTTP/1.0\r\n\r\n", b"200"),  # HTTP/1.0 without keep-alive: closed after
 ])
 def test_requests_outside_the_protocol_are_answered_and_closed(request_bytes, status):

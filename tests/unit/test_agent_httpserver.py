@@ -39,6 +39,9 @@ def test_keep_alive_follows_the_version_and_connection_header(head, keep_alive):
     (b"GET / HTTP/1.1\r\nno colon here", 400, "header line"),
     (b"GET / HTTP/1.1\r\nHost: x\r\n folded: value", 400, "header line"),
     (b"GET / HTTP/1.1" + b"\r\nX: y" * (MAX_HEADERS + 1), 431, "headers"),
+    # urlsplit's own ValueError ("Invalid IPv6 URL") must be an answer, not a traceback
+    (b"GET //[::1/v1/windows HTTP/1.1", 400, r"bad request target '//\[::1/v1/windows'"),
+    (b"GET http://[" + b"x" * 100 + b" HTTP/1.1", 400, r"bad request target 'http://\[x{52}'$"),
 ])
 def test_bad_heads_name_their_problem(head, status, match):
     with pytest.raises(HeadError, match=match) as caught:
