@@ -61,11 +61,17 @@ def parse_endpoint(value: Any, field: str) -> tuple[str, int]:
     if not sep or not (len(port) <= 5 and port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not ip:port", "for example 198.18.2.10:8080")
     try:
-        ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host)
     except ValueError:
         raise ConfigError(field, f"{value!r}: {host!r} is not an IP address",
                           "EDS endpoints must be IPs; Envoy does not resolve names here") from None
-    return host, int(port)
+    if getattr(ip, "scope_id", None):
+        # a zone index names an interface of one host; an EDS socket address cannot carry it
+        raise ConfigError(field, f"{value!r}: a scoped IPv6 address (%{ip.scope_id})",
+                          "use a global or unique-local address without %zone")
+    # the canonical spelling, so "[2001:DB8::1]" and "[2001:db8:0::1]" are one endpoint
+    # to the duplicate check and to Envoy
+    return str(ip), int(port)
 
 
 def parse_endpoints(data: Any, source: str) -> Endpoints:
@@ -74,15 +80,24 @@ def parse_endpoints(data: Any, source: str) -> Endpoints:
         raise ConfigError(source, "expected a non-empty mapping of AZ -> [\"ip:port\", ...]",
                           'for example {"az-a": ["198.18.1.10:8080"]}')
     endpoints: Endpoints = {}
+    # across every AZ, not per AZ: Envoy keeps one copy of an endpoint listed twice, so
+    # the later locality can be left with no hosts (and gRPC clients reject the resource)
+    first: dict[tuple[str, int], str] = {}
     for az, hosts in data.items():
         field = f"{source}: {az}"
         if not isinstance(az, str) or not az or len(az) > 256:
             raise ConfigError(source, f"bad AZ name {az!r:.40}")
         if not isinstance(hosts, list) or not hosts:
             raise ConfigError(field, f"expected a non-empty list of \"ip:port\", got {hosts!r:.40}")
-        parsed = [parse_endpoint(h, f"{field}[{i}]") for i, h in enumerate(hosts)]
-        if len(set(parsed)) != len(parsed):
-            raise ConfigError(field, "lists an endpoint twice")
+        parsed = []
+        for i, h in enumerate(hosts):
+            entry = f"{field}[{i}]"
+            endpoint = parse_endpoint(h, entry)
+            if endpoint in first:
+                raise ConfigError(entry, f"{h!r} is listed already, at {first[endpoint]}",
+                                  "list each endpoint once, in one AZ")
+            first[endpoint] = entry
+            parsed.append(endpoint)
         endpoints[az] = parsed
     return endpoints
 

@@ -96,12 +96,23 @@ def test_rendering_is_deterministic():
     ({"az-a": ["backend.local:80"]}, r"f: az-a\[0\]: .*not an IP address"),
     ({"az-a": ["2001:2::5:80"]}, r"IPv6 needs brackets"),
     ({"az-a": [80]}, r"f: az-a\[0\]: expected \"ip:port\""),
-    ({"az-a": ["198.18.1.1:80", "198.18.1.1:80"]}, r"f: az-a: lists an endpoint twice"),
+    ({"az-a": ["198.18.1.1:80", "198.18.1.1:80"]}, r"f: az-a\[1\]: .* listed already, at f: az-a\[0\]"),
+    # across AZs and spellings: Envoy keeps one copy, and the later locality has no hosts
+    ({"az-a": ["198.18.1.1:80"], "az-b": ["198.18.1.2:80", "198.18.1.1:80"]},
+     r"f: az-b\[1\]: '198.18.1.1:80' is listed already, at f: az-a\[0\]"),
+    ({"az-a": ["[2001:db8::1]:80", "[2001:DB8:0::1]:80"]}, r"f: az-a\[1\]: .* listed already, at f: az-a\[0\]"),
+    ({"az-a": ["[fe80::1%eth0]:80"]}, r"f: az-a\[0\]: .*scoped IPv6 address"),
 ])
 def test_bad_endpoints_name_the_entry(data, pattern):
     with pytest.raises(ConfigError, match=pattern) as exc:
         parse_endpoints(data, "f")
     assert exc.value.exit_code == 2
+
+
+def test_endpoints_are_parsed_to_their_canonical_address():
+    # Envoy and gRPC compare the address as written: one spelling per host
+    assert parse_endpoints({"az-a": ["[2001:DB8:0::1]:80", "198.18.1.1:80"]}, "f") == {
+        "az-a": [("2001:db8::1", 80), ("198.18.1.1", 80)]}
 
 
 def test_watch_decision_holds_the_file_while_consul_is_unreachable():

@@ -195,3 +195,29 @@ def test_delta_refuses_a_stream_tracking_more_than_its_names_and_the_snapshot():
     with pytest.raises(ProtocolError, match="tracked on one stream") as exc:
         st.on_request(h.delta(h.CDS, zone=None))
     assert exc.value.code == "RESOURCE_EXHAUSTED"
+
+
+def test_catalog_instances_are_one_endpoint_per_canonical_address():
+    import ipaddress
+
+    from azprobe.consumers.xds.sources import place_instances
+    topo = {"az-a": [ipaddress.ip_network("2001:db8::/64")], "az-b": [ipaddress.ip_network("10.0.0.0/8")]}
+    # Consul dedupes the strings as written: three spellings of one host arrive; served
+    # three times, gRPC clients reject the whole ClusterLoadAssignment
+    instances = (("2001:DB8::1", 80), ("2001:db8:0::1", 80), ("2001:db8::1", 80), ("2001:db8::1", 81),
+                 ("10.0.0.1", 80), ("10.0.0.1", 80))
+    by_az, outside, duplicates = place_instances(instances, topo)
+    assert by_az == {"az-a": [("2001:db8::1", 80), ("2001:db8::1", 81)], "az-b": [("10.0.0.1", 80)]}
+    assert (outside, duplicates) == (0, 3)
+    assert place_instances(tuple(reversed(instances)), topo)[0] == {
+        "az-a": [("2001:db8::1", 81), ("2001:db8::1", 80)], "az-b": [("10.0.0.1", 80)]}
+
+
+def test_a_scoped_ipv6_instance_is_left_out_as_unusable():
+    import ipaddress
+
+    from azprobe.consumers.xds.sources import place_instances
+    topo = {"az-a": [ipaddress.ip_network("fe80::/10"), ipaddress.ip_network("2001:db8::/64")]}
+    by_az, outside, duplicates = place_instances(
+        (("fe80::1%eth0", 80), ("fe80::1%25eth0", 80), ("2001:db8::1", 80)), topo)
+    assert (by_az, outside, duplicates) == ({"az-a": [("2001:db8::1", 80)]}, 2, 0)

@@ -32,15 +32,21 @@ Networks = Mapping[str, Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]]
 GLOBAL_VIEW = "global"
 
 
-def place_instances(instances: Sequence[tuple[str, int]], topology: Networks) -> tuple[dict[str, list[Endpoint]], int]:
-    """(AZ -> endpoints, instances outside every AZ). Pure."""
+def place_instances(instances: Sequence[tuple[str, int]],
+                    topology: Networks) -> tuple[dict[str, list[Endpoint]], int, int]:
+    """(AZ -> endpoints, instances outside every AZ or not a usable IP, duplicate
+    instances served once). Pure."""
     by_az: dict[str, list[Endpoint]] = {}
-    outside = 0
+    seen: set[Endpoint] = set()
+    outside = duplicates = 0
     for address, port in instances:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:
             outside += 1  # a name, not an IP: EDS endpoints must be IPs
+            continue
+        if getattr(ip, "scope_id", None):
+            outside += 1  # fe80::1%eth0: the zone names one host's interface, no EDS address carries it
             continue
         if not 0 < port < 65536:
             outside += 1
@@ -49,8 +55,19 @@ def place_instances(instances: Sequence[tuple[str, int]], topology: Networks) ->
         if az is None:
             outside += 1
             continue
-        by_az.setdefault(az, []).append((str(ip), port))
-    return by_az, outside
+        # Consul's strings are deduplicated as written, so 2001:db8::1, 2001:DB8::1 and
+        # 2001:db8:0::1 arrive as three instances of one host; served three times, gRPC
+        # clients reject the whole assignment. The key is the canonical (address, port)
+        # across the whole service; the copy kept is the first in `instances` order, and
+        # as an address's AZ is the first topology AZ holding it, every copy would land
+        # in the same AZ anyway: the result does not depend on the order.
+        endpoint = (str(ip), port)
+        if endpoint in seen:
+            duplicates += 1
+            continue
+        seen.add(endpoint)
+        by_az.setdefault(az, []).append(endpoint)
+    return by_az, outside, duplicates
 
 
 class CatalogSource:
@@ -64,6 +81,7 @@ class CatalogSource:
         self.backoff_base_s, self.backoff_cap_s = backoff_base_s, backoff_cap_s
         self.endpoints: dict[str, list[Endpoint]] = {}  # last good: at least one endpoint, or never had one
         self.outside = 0
+        self.duplicates = 0  # instances whose canonical address:port another one already has
         self.errors = 0
         self.changed_at: float | None = None  # monotonic time the last change was read
         self._stop = threading.Event()
@@ -99,11 +117,12 @@ class CatalogSource:
                 continue
             failures = 0
             index = next_index(index, state.index)
-            by_az, outside = place_instances(state.instances, self.topology)
-            if outside != self.outside:
-                log.warning("service %s: %d passing instance(s) outside every [topology] AZ, left out",
-                            self.service, outside)
-                self.outside = outside
+            by_az, outside, duplicates = place_instances(state.instances, self.topology)
+            if (outside, duplicates) != (self.outside, self.duplicates):
+                log.warning("service %s: %d passing instance(s) outside every [topology] AZ or not a "
+                            "usable IP, left out; %d duplicate(s) of another instance's address:port, "
+                            "served once", self.service, outside, duplicates)
+                self.outside, self.duplicates = outside, duplicates
             if not by_az:
                 if self.endpoints:
                     log.warning("service %s: the catalog lists no placeable instance; keeping the last %d",
