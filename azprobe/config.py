@@ -40,6 +40,11 @@ _TOML_TEXT = re.compile(rb"""
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
+def nul_in_path(field: str, path: str | Path) -> ConfigError:
+    """The error for a path the kernel cannot take: os calls raise ValueError on a NUL."""
+    return ConfigError(field, f"{printable(str(path), 200)!r} contains a NUL byte", "write the path without it")
+
+
 def _read_regular(p: Path, field: str, what: str, fix: str) -> bytes:
     """At most MAX_FILE_BYTES + 1 bytes of the regular file `p`, else a ConfigError on
     `field`. O_NONBLOCK and the S_ISREG check: a FIFO at the path would hang a start or a
@@ -51,8 +56,7 @@ def _read_regular(p: Path, field: str, what: str, fix: str) -> bytes:
     except OSError as exc:
         raise ConfigError(field, f"cannot read {p}: {exc.strerror}") from None
     except ValueError:
-        raise ConfigError(field, f"{printable(str(p), 200)!r} contains a NUL byte", "write the path without it") \
-            from None
+        raise nul_in_path(field, p) from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ConfigError(field, f"{p} is not a regular file", fix)
@@ -207,8 +211,7 @@ def read_secret_file(path: str | Path, field: str) -> bytes:
         raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
                           "point it at a readable file of mode 0600") from None
     except ValueError:  # a NUL in the path
-        raise ConfigError(field, f"{printable(str(path), 200)!r} contains a NUL byte", "write the path without it") \
-            from None
+        raise nul_in_path(field, path) from None
     try:
         st = os.fstat(fd)
         mode = stat.S_IMODE(st.st_mode)

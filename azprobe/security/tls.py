@@ -29,8 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Generic, TypeVar
 
-from azprobe.config import Section, read_secret_file
-from azprobe.contracts.window import printable
+from azprobe.config import Section, nul_in_path, read_secret_file
 from azprobe.errors import ConfigError
 from azprobe.security import reloadable
 
@@ -69,7 +68,7 @@ def _check_pem(path: str, field: str) -> None:
         raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
                           "point it at a readable PEM file") from None
     except ValueError:  # a NUL in the path
-        raise ConfigError(field, f"{printable(path, 200)!r} contains a NUL byte", "write the path without it") from None
+        raise nul_in_path(field, path) from None
     if not os.path.isfile(path) or st.st_size > MAX_PEM_BYTES:
         raise ConfigError(field, f"{path} is not a PEM file of at most {MAX_PEM_BYTES} bytes",
                           "point it at a PEM certificate file")
