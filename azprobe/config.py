@@ -45,28 +45,28 @@ def nul_in_path(field: str, path: str | Path) -> ConfigError:
     return ConfigError(field, f"{printable(str(path), 200)!r} contains a NUL byte", "write the path without it")
 
 
-def _read_regular(p: Path, field: str, what: str, fix: str) -> bytes:
+def _read_regular(p: Path, field: str, name: str, missing: str, fix: str) -> bytes:
     """At most MAX_FILE_BYTES + 1 bytes of the regular file `p`, else a ConfigError on
     `field`. O_NONBLOCK and the S_ISREG check: a FIFO at the path would hang a start or a
     SIGHUP's reload for ever; a NUL in the path is a config error, not a ValueError."""
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ConfigError(field, f"{p}: {what} not found", fix) from None
+        raise ConfigError(field, missing, fix) from None
     except OSError as exc:
-        raise ConfigError(field, f"cannot read {p}: {exc.strerror}") from None
+        raise ConfigError(field, f"cannot read {name}: {exc.strerror}") from None
     except ValueError:
         raise nul_in_path(field, p) from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ConfigError(field, f"{p} is not a regular file", fix)
+            raise ConfigError(field, f"{name} is not a regular file", fix)
         return f.read(MAX_FILE_BYTES + 1)
 
 
 def read_file(path: str | Path, field: str) -> bytes:
     """An operator's file, at most MAX_FILE_BYTES; a ConfigError on `field` otherwise."""
     p = Path(path)
-    raw = _read_regular(p, field, "file", "pass an existing file")
+    raw = _read_regular(p, field, str(p), f"{p}: file not found", "pass an existing file")
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(field, f"{p} is larger than {MAX_FILE_BYTES} bytes")
     return raw
@@ -93,7 +93,7 @@ def parse_toml(raw: bytes, field: str) -> dict[str, Any]:
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file; a missing or unparsable file is a ConfigError naming it."""
     p = Path(path)
-    raw = _read_regular(p, str(p), "config file", "pass --config with an existing file")
+    raw = _read_regular(p, str(p), "config", "config file not found", "pass --config with an existing file")
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(str(p), f"config larger than {MAX_FILE_BYTES} bytes")
     return parse_toml(raw, str(p))

@@ -194,7 +194,7 @@ def test_an_operators_file_that_is_not_a_regular_file_is_refused_without_blockin
     os.mkfifo(fifo, 0o600)
     with pytest.raises(ConfigError, match=f"^xds.endpoints_file: {fifo} is not a regular file"):
         read_file(fifo, "xds.endpoints_file")
-    with pytest.raises(ConfigError, match=f"^{fifo}: {fifo} is not a regular file"):
+    with pytest.raises(ConfigError, match=f"^{fifo}: config is not a regular file"):
         load_toml(fifo)
     for read in (lambda p: read_file(p, "xds.endpoints_file"), load_toml,
                  lambda p: read_secret_file(p, "consul.token_file")):
