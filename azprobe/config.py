@@ -45,21 +45,34 @@ def nul_in_path(field: str, path: str | Path) -> ConfigError:
     return ConfigError(field, f"{printable(str(path), 200)!r} contains a NUL byte", "write the path without it")
 
 
-def _read_regular(p: Path, field: str, name: str, missing: str, fix: str) -> bytes:
-    """At most MAX_FILE_BYTES + 1 bytes of the regular file `p`, else a ConfigError on
-    `field`. O_NONBLOCK and the S_ISREG check: a FIFO at the path would hang a start or a
-    SIGHUP's reload for ever; a NUL in the path is a config error, not a ValueError."""
+def _open_regular(path: str | Path, field: str, name: str, fix: str, *, missing: str | None = None,
+                  unreadable_fix: str = "") -> tuple[int, os.stat_result]:
+    """An open descriptor of the regular file at `path`, and its stat; else a ConfigError
+    on `field` naming the file as `name` (`missing`: the problem when it does not exist).
+    O_NONBLOCK and the S_ISREG check: a FIFO at the path would hang a start or a SIGHUP's
+    reload for ever; a NUL in the path is a config error, not a ValueError."""
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ConfigError(field, missing, fix) from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(field, f"cannot read {name}: {exc.strerror}") from None
+        if missing is not None and isinstance(exc, FileNotFoundError):
+            raise ConfigError(field, missing, fix) from None
+        raise ConfigError(field, f"cannot read {name}: {exc.strerror or exc}", unreadable_fix) from None
     except ValueError:
-        raise nul_in_path(field, p) from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        raise nul_in_path(field, path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ConfigError(field, f"{name} is not a regular file", fix)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_regular(p: Path, field: str, name: str, missing: str, fix: str) -> bytes:
+    """At most MAX_FILE_BYTES + 1 bytes of the regular file `p` (_open_regular)."""
+    fd, _ = _open_regular(p, field, name, fix, missing=missing)
+    with os.fdopen(fd, "rb") as f:
         return f.read(MAX_FILE_BYTES + 1)
 
 
@@ -204,19 +217,10 @@ def read_secret_file(path: str | Path, field: str) -> bytes:
     is fine for a non-root reader in that group (PostgreSQL's rule for key files):
     Kubernetes mounts a Secret so, root:<fsGroup> 0440, for a pod that runs as non-root.
     """
+    fd, st = _open_regular(path, field, str(path), "point it at a file of mode 0600",
+                           unreadable_fix="point it at a readable file of mode 0600")
     try:
-        # O_NONBLOCK: a FIFO planted at the path must not hang the start-up.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}",
-                          "point it at a readable file of mode 0600") from None
-    except ValueError:  # a NUL in the path
-        raise nul_in_path(field, path) from None
-    try:
-        st = os.fstat(fd)
         mode = stat.S_IMODE(st.st_mode)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(field, f"{path} is not a regular file", "point it at a file of mode 0600")
         euid = os.geteuid()
         if st.st_uid not in (euid, 0):
             raise ConfigError(field, f"{path} is owned by uid {st.st_uid}, not by this user (uid {euid}) or root",
