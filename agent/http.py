@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from azprobe.contracts import prom
-from azprobe.contracts.window import Window
+from azprobe.contracts.window import Window, is_decimal
 from azprobe.contracts.windowcodec import encode_page, negotiate
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -42,7 +42,7 @@ class ServedState(MetricsSource, Protocol):
 
 def _after(query: dict[str, list[str]]) -> int:
     raw = query.get("after", ["0"])[-1]
-    if not (raw.isascii() and raw.isdigit()):  # isdigit() alone takes "²", which int() refuses
+    if not is_decimal(raw):
         raise ValueError(f"after: expected a non-negative integer, got {raw!r:.40}")
     return int(raw)
 

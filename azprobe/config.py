@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from azprobe.contracts import bounded_json
-from azprobe.contracts.window import AZ_NAME_FIX, az_name_problem, printable
+from azprobe.contracts.window import AZ_NAME_FIX, az_name_problem, is_decimal, printable
 from azprobe.errors import ConfigError
 
 
@@ -283,8 +283,7 @@ def parse_host_port(value: str, field: str, *, listen: bool = False) -> tuple[st
     """"host:port" or "[v6]:port" -> (host, port). A listen address may have port 0: the
     kernel picks a free port, which the daemon reports (azprobe.daemon.address_file)."""
     host, sep, port = value.rpartition(":")
-    valid = len(port) <= 5 and port.isascii() and port.isdigit()  # isdigit() alone takes "²", which int() refuses
-    if not sep or not valid or not (0 if listen else 1) <= int(port) < 65536:
+    if not sep or not is_decimal(port, 5) or not (0 if listen else 1) <= int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not host:port", "for example 127.0.0.1:9740")
     return host.strip("[]") or "0.0.0.0", int(port)
 

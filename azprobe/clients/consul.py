@@ -43,6 +43,7 @@ from azprobe.clients import consul_tls
 from azprobe.clients.consul_tls import parse_bool
 from azprobe.config import Section, read_token_file
 from azprobe.contracts import bounded_json, kv
+from azprobe.contracts.window import is_decimal
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.security import secret_file
 from azprobe.security.tls import TlsFiles, client_context
@@ -315,7 +316,7 @@ READ_CHUNK_BYTES = 64 << 10
 def _check_length(response: requests.Response) -> None:
     """Refuse before reading when the answer announces more than MAX_ANSWER_BYTES."""
     announced = response.headers.get("Content-Length", "").strip()
-    if announced.isascii() and announced.isdigit() and int(announced) > MAX_ANSWER_BYTES:
+    if is_decimal(announced) and int(announced) > MAX_ANSWER_BYTES:
         raise consul.ConsulException(f"Consul's answer of {int(announced)} bytes (its Content-Length) "
                                      f"exceeds the limit of {MAX_ANSWER_BYTES}")
 

@@ -35,6 +35,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from azprobe.contracts.window import is_decimal
 from azprobe.security.tls import TlsFiles, client_context, peer_fingerprint, peer_names
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -114,12 +115,6 @@ class Endpoint:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
         return host if self.port == default else f"{host}:{self.port}"
-
-
-def _is_decimal(text: str, max_digits: int) -> bool:
-    """1..max_digits ASCII digits. str.isdigit() alone takes latin-1's "²", which int()
-    refuses with a ValueError no handler of a protocol's data_received expects."""
-    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
 class _Connection(asyncio.Protocol):
@@ -266,7 +261,7 @@ class _Connection(asyncio.Protocol):
             return False
         lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
         status_line = lines[0].split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not _is_decimal(status_line[1], 3):
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not is_decimal(status_line[1], 3):
             raise HttpError(f"bad status line {lines[0][:60]!r}")
         length: int | None = None
         chunked = False
@@ -277,7 +272,7 @@ class _Connection(asyncio.Protocol):
             name = name.strip().lower()
             value = value.strip()
             if name == "content-length":
-                if not _is_decimal(value, 18):
+                if not is_decimal(value, 18):
                     raise HttpError(f"bad Content-Length {value[:20]!r}")
                 length = int(value)
                 if length > self.max_body_bytes:

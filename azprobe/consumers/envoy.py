@@ -36,6 +36,7 @@ from azprobe.consumers.failover import failover_zones
 from azprobe.consumers.localities import NoEndpoints, plan_localities, sick_addresses
 from azprobe.errors import AzprobeError, ConfigError
 from azprobe.contracts import bounded_json, kv
+from azprobe.contracts.window import is_decimal
 from azprobe.contracts.weights import WeightsDoc, WeightsError, parse_weights
 from azprobe.security import reloadable
 from azprobe.contracts.weights_hosts import parse_hosts
@@ -58,7 +59,7 @@ def parse_endpoint(value: Any, field: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ConfigError(field, f"{value!r}: IPv6 needs brackets", "write [2001:db8::1]:8080")
-    if not sep or not (len(port) <= 5 and port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    if not sep or not is_decimal(port, 5) or not 0 < int(port) < 65536:
         raise ConfigError(field, f"{value!r} is not ip:port", "for example 198.18.2.10:8080")
     try:
         ip = ipaddress.ip_address(host)

@@ -30,6 +30,7 @@ Everything in a window comes from the network, so everything is bounded here, on
 from __future__ import annotations
 
 import ipaddress
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,13 @@ def name_problem(value: object, limit: int) -> str:
     if bad:
         return f"contains {bad[0]!r}: only {NAME_RULE} are allowed"
     return ""
+
+
+def is_decimal(text: str, max_digits: int = sys.get_int_max_str_digits()) -> bool:
+    """1..max_digits ASCII digits: what int() reads as a count from the network. The
+    default is int()'s own bound. str.isdigit() alone takes latin-1's "²", which int()
+    refuses with a ValueError no parser of a header or a port expects."""
+    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
 def printable(value: object, limit: int = 80) -> str:

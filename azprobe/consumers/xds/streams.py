@@ -33,6 +33,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from azprobe.consumers.xds import resources
 from azprobe.consumers.xds.snapshot import Entry, ViewSnapshot, sotw_version
+from azprobe.contracts.window import is_decimal
 
 ABSENT = ""  # delta: the client was told the name does not exist
 WILDCARD = "*"
@@ -99,7 +100,7 @@ class _Nonces:
         return str(self.issued)
 
     def check(self, nonce: str) -> None:
-        if nonce and not (nonce.isascii() and nonce.isdigit() and len(nonce) <= 19 and 0 < int(nonce) <= self.issued):
+        if nonce and not (is_decimal(nonce, 19) and 0 < int(nonce) <= self.issued):
             raise ProtocolError("INVALID_ARGUMENT", f"response_nonce {nonce[:40]!r} was never sent on this stream")
 
 

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from azprobe.contracts import bounded_json
 from azprobe.contracts.kv import MAX_VALUE_BYTES
+from azprobe.contracts.window import is_decimal
 from azprobe.dev.devconsul.acl import AclNotFound, Identity, permission_denied
 from azprobe.dev.devconsul.blocking import query_timeout
 from azprobe.dev.devconsul.durations import parse_go_duration_ns
@@ -116,7 +117,7 @@ def _check_dc(request: web.Request) -> None:
 
 def _parse_uint(text: str) -> int:
     # Consul hands strconv's error straight back as a 500
-    if not (text.isascii() and text.isdigit()) or int(text) >= 2**64:
+    if not is_decimal(text) or int(text) >= 2**64:
         raise HTTPError(500, f'strconv.ParseUint: parsing "{text}": invalid syntax')
     return int(text)
 
@@ -199,7 +200,7 @@ async def _blocking(request: web.Request, compute: Compute) -> tuple[int, Any]:
             raise HTTPError(400, "Invalid wait time") from None
     if query.get("index"):
         text = query["index"]
-        if not (text.isascii() and text.isdigit()):
+        if not is_decimal(text):
             raise HTTPError(400, "Invalid index")
         min_index = int(text)
     server = _server(request)
