@@ -500,18 +500,23 @@ def _excerpt(data: Any) -> str:
     return " ".join(repr(data)[:80].split())
 
 
+def _kv_object(item: Any, client: consul.Consul, key: str) -> tuple[str, bytes | None]:
+    """One KV object of py-consul's decoded answer: (its Key, its Value's bytes or None)."""
+    if not isinstance(item, Mapping) or not isinstance(item.get("Key"), str):
+        raise _bad_shape(client, key, "KV objects with a string Key", item)
+    value = item.get("Value")
+    if value is not None and not isinstance(value, bytes):
+        raise _bad_shape(client, key, "a base64 string or null as each Value", value)
+    return item["Key"], value
+
+
 def _value(data: Any, client: consul.Consul, key: str) -> bytes | None:
     """A single key's bytes from py-consul's decoded answer (None: a 404, the key is
     absent). A 200 answer must be one KV object: anything else is refused, never taken
     for "absent" or for an empty value."""
     if data is None:
         return None
-    if not isinstance(data, Mapping) or not isinstance(data.get("Key"), str):
-        raise _bad_shape(client, key, "a list of one KV object with a string Key", data)
-    value = data.get("Value")
-    if value is not None and not isinstance(value, bytes):
-        raise _bad_shape(client, key, "a base64 string or null as its Value", value)
-    return value or b""
+    return _kv_object(data, client, key)[1] or b""
 
 
 def _entries(data: Any, client: consul.Consul, key: str) -> dict[str, bytes | None]:
@@ -520,15 +525,7 @@ def _entries(data: Any, client: consul.Consul, key: str) -> dict[str, bytes | No
         return {}
     if not isinstance(data, list):
         raise _bad_shape(client, key, "a list of KV objects", data)
-    entries: dict[str, bytes | None] = {}
-    for item in data:
-        if not isinstance(item, Mapping) or not isinstance(item.get("Key"), str):
-            raise _bad_shape(client, key, "KV objects with a string Key", item)
-        value = item.get("Value")
-        if value is not None and not isinstance(value, bytes):
-            raise _bad_shape(client, key, "a base64 string or null as each Value", value)
-        entries[item["Key"]] = value
-    return entries
+    return dict(_kv_object(item, client, key) for item in data)
 
 
 MAX_INSTANCES = 10_000  # instances of one service read from the catalog; more is refused
