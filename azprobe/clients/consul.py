@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -38,6 +39,7 @@ import consul.base
 import consul.std
 import requests
 import urllib3
+import urllib3.connection
 
 from azprobe.clients import consul_tls
 from azprobe.clients.consul_tls import parse_bool
@@ -289,8 +291,14 @@ class _BoundedHTTPClient(consul.std.HTTPClient):
         deadline = None if limit_s is None else time.monotonic() + limit_s
         # stream=True: requests returns once the headers are in, leaving the body to
         # _read_body; verify, cert and the session (its TLS adapter) are py-consul's own.
-        response = self.session.request(method, self.uri(path, params), verify=self.verify, cert=self.cert,
-                                        timeout=limit_s, stream=True, **kwargs)
+        # The head is read inside urllib3, out of our reach: its connection
+        # (_HeadBoundedConnection) finds the deadline here, on this thread.
+        _answer_bound.value = None if deadline is None else (deadline, limit_s)
+        try:
+            response = self.session.request(method, self.uri(path, params), verify=self.verify, cert=self.cert,
+                                            timeout=limit_s, stream=True, **kwargs)
+        finally:
+            _answer_bound.value = None
         try:
             _check_length(response)
             response._content = _read_body(response, deadline, limit_s)
@@ -377,6 +385,96 @@ def _late(limit_s: float | None) -> consul.ConsulException:
     return consul.ConsulException(f"Consul's answer was not complete within {limit}")
 
 
+# (deadline, limit_s) of the request this thread is sending, for _HeadBoundedConnection.
+_answer_bound = threading.local()
+
+
+class _HeadDeadline:
+    """Shuts a socket down at a deadline, unless stopped first. A drip of header bytes
+    resets the socket timeout at every read, so only a clock outside the reads can end
+    the head at the request's deadline; shutdown, unlike close, wakes a read blocked on
+    the socket in another thread, with TLS too (the base class's shutdown leaves the
+    TLS object alone, so the reader just sees the end of the stream)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._done = False
+        self.fired = False
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = self.fired = True
+            try:
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed: the read it would end is over
+
+    def stop(self) -> bool:
+        """Disarm; True when it fired (the socket is shut: nothing read on it is usable)."""
+        self._timer.cancel()
+        with self._lock:
+            self._done = True
+            return self.fired
+
+
+class _HeadBoundedConnection:
+    """A urllib3 connection whose response head must be complete by the deadline of the
+    request being sent on this thread (_answer_bound), like the body (_read_body); late,
+    it fails with the same ConsulException. Without a deadline (a request not sent by
+    _BoundedHTTPClient) it is urllib3's own."""
+
+    sock: socket.socket | None
+
+    def getresponse(self) -> Any:
+        bound = getattr(_answer_bound, "value", None)
+        if bound is None or self.sock is None:
+            return super().getresponse()  # type: ignore[misc]
+        deadline, limit_s = bound
+        head = _HeadDeadline(self.sock, deadline)
+        try:
+            response = super().getresponse()  # type: ignore[misc]
+        except Exception:
+            if head.stop():
+                raise _late(limit_s) from None
+            raise
+        # A shutdown just as the head ended can still look like a complete head (an end
+        # of stream ends the headers too): its socket is gone either way.
+        if head.stop():
+            raise _late(limit_s)
+        return response
+
+
+class _HeadBoundedHTTPConnection(_HeadBoundedConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _HeadBoundedHTTPSConnection(_HeadBoundedConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _HeadBoundedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _HeadBoundedHTTPConnection
+
+
+class _HeadBoundedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _HeadBoundedHTTPSConnection
+
+
+def _bound_heads(session: requests.Session) -> requests.Session:
+    """Every pool the session's adapters make (plain and TLS alike) uses the connections above."""
+    for adapter in session.adapters.values():
+        manager = getattr(adapter, "poolmanager", None)
+        if manager is not None:
+            manager.pool_classes_by_scheme = {"http": _HeadBoundedHTTPPool, "https": _HeadBoundedHTTPSPool}
+    return session
+
+
 class _BoundedConsul(consul.Consul):
     """Its `token` is asked of the settings on every request (py-consul reads it for each
     call's header), so a rotated token file is sent from the next request on."""
@@ -403,7 +501,7 @@ def http_session(settings: ConsulSettings) -> requests.Session:
     azprobe (py-consul's, the doctor's) goes through it, so https:// always means the
     settings' TLS files, through the one context builder (consul_tls)."""
     context = consul_tls.tls_context(settings.tls_files(), "consul") if settings.tls else None
-    return consul_tls.session(context)
+    return _bound_heads(consul_tls.session(context))
 
 
 def make_client(settings: ConsulSettings) -> consul.Consul:
