@@ -20,12 +20,13 @@ carries a byte of any PEM file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Generic, TypeVar
 
@@ -78,11 +79,18 @@ def _load_chain(ctx: ssl.SSLContext, files: TlsFiles, field: str) -> None:
     assert files.cert_file and files.key_file
     _check_pem(files.cert_file, f"{field}.cert_file")
     read_secret_file(files.key_file, f"{field}.key_file")  # refuses a key others may read
+    _load_pair(ctx, files, field, files.cert_file, files.key_file)
+
+
+def _load_pair(ctx: ssl.SSLContext, files: TlsFiles, field: str, cert_path: str, key_path: str) -> None:
+    """OpenSSL loads the chain at `cert_path` and the key at `key_path` and checks that
+    they fit; its errors name files.cert_file and files.key_file."""
+    assert files.cert_file and files.key_file
     try:
         # Without a password callable OpenSSL asks for a pass phrase on the terminal: a
         # rotation to an encrypted key would block the daemon (in an SNI callback, its
         # serving thread) until someone typed one.
-        ctx.load_cert_chain(files.cert_file, files.key_file, password=lambda: _encrypted(files.key_file, field))
+        ctx.load_cert_chain(cert_path, key_path, password=lambda: _encrypted(files.key_file, field))
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"{field}.cert_file", f"cannot load {files.cert_file} with key {files.key_file}: "
                           f"{_reason(exc)}", "give a PEM certificate chain and its matching private key") from None
@@ -93,10 +101,12 @@ def _encrypted(key_file: str, field: str) -> bytes:
                       f"give an unencrypted key (openssl pkey -in {key_file} -out KEY), of mode 0600")
 
 
-def _load_ca(ctx: ssl.SSLContext, path: str, field: str) -> None:
-    _check_pem(path, f"{field}.ca_file")
+def _load_ca(ctx: ssl.SSLContext, path: str, field: str, read_from: str | None = None) -> None:
+    """The CA file `path` (read from `read_from` instead when given: a copy of its bytes)."""
+    if read_from is None:
+        _check_pem(path, f"{field}.ca_file")
     try:
-        ctx.load_verify_locations(cafile=path)
+        ctx.load_verify_locations(cafile=read_from or path)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"{field}.ca_file", f"cannot load CA {path}: {_reason(exc)}",
                           "give a PEM file of CA certificates") from None
@@ -181,13 +191,49 @@ def _read_pem(path: str, field: str) -> bytes:
 def server_pem(files: TlsFiles, field: str) -> ServerPem:
     """A server's files as PEM bytes, after every check `server_context` makes (the key
     file through read_secret_file, the sizes, and OpenSSL's word that the key fits the
-    chain and the CA loads), so a bad file fails here, at start, and not per handshake."""
-    server_context(files, field)
-    assert files.cert_file and files.key_file
-    key = read_secret_file(files.key_file, f"{field}.key_file")
+    chain and the CA loads), so a bad file fails here, at start, and not per handshake.
+
+    The checks run on the very bytes returned: files replaced while they are read (a
+    rotation renames the certificate and the key one after the other) would otherwise
+    pass the check as one pair and be returned as another, or torn."""
+    if not (files.cert_file and files.key_file):
+        raise ConfigError(field, "a TLS server needs cert_file and key_file", "set both, or leave TLS off")
     chain = _read_pem(files.cert_file, f"{field}.cert_file")
+    key = read_secret_file(files.key_file, f"{field}.key_file")
     client_ca = _read_pem(files.ca_file, f"{field}.ca_file") if files.ca_file else None
-    return ServerPem(key=key, chain=chain, client_ca=client_ca)
+    pem = ServerPem(key=key, chain=chain, client_ca=client_ca)
+    _check_server_pem(pem, files, field)
+    return pem
+
+
+def _check_server_pem(pem: ServerPem, files: TlsFiles, field: str) -> None:
+    """OpenSSL's checks of server_context on `pem`, read from in-memory files (memfd):
+    OpenSSL loads only from paths, and the key must not be copied to a disk."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = MIN_VERSION
+    with _memory_file(pem.chain, f"{field}.cert_file") as chain_path, \
+            _memory_file(pem.key, f"{field}.key_file") as key_path:
+        _load_pair(ctx, files, field, chain_path, key_path)
+    if pem.client_ca is not None and files.ca_file:
+        with _memory_file(pem.client_ca, f"{field}.ca_file") as ca_path:
+            _load_ca(ctx, files.ca_file, field, read_from=ca_path)
+
+
+@contextlib.contextmanager
+def _memory_file(data: bytes, field: str) -> Iterator[str]:
+    """A path that reads `data`, for as long as the block runs."""
+    try:
+        fd = os.memfd_create("azprobe-tls", os.MFD_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(field, f"cannot check the file in memory: {exc.strerror or exc}",
+                          "raise the process's open-file limit") from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def _identity(paths: tuple[str, ...]) -> tuple[tuple[int, int, int], ...]:
@@ -218,17 +264,26 @@ class Rotating(Generic[T]):
         self._lock = threading.Lock()
         self._seen = _identity(files.paths())
         self._checked = time.monotonic()
-        self._value = build(files, field)  # at start an error is fatal: raise it
-        self.generation = 1
+        # One attribute, replaced whole: a reader on another thread never pairs one
+        # build's generation with another's material.
+        self._state: tuple[int, T] = (1, build(files, field))  # at start an error is fatal: raise it
         reloadable.register(self)  # SIGHUP rebuilds it as well as a change on disk
 
+    @property
+    def generation(self) -> int:
+        return self._state[0]
+
     def current(self) -> T:
+        return self.versioned()[1]
+
+    def versioned(self) -> tuple[int, T]:
+        """(generation, material) of one build, after checking the files when due."""
         now = time.monotonic()
         if now - self._checked >= CHECK_EVERY_S:
             self._checked = now
             if _identity(self.files.paths()) != self._seen:
                 self.reload()
-        return self._value
+        return self._state
 
     def reload(self) -> bool:
         """Rebuild now; True when the new material is in use."""
@@ -241,8 +296,7 @@ class Rotating(Generic[T]):
                     self._on_error(exc)
                 self._seen = seen
                 return False
-            self._value, self._seen = value, seen
-            self.generation += 1
+            self._state, self._seen = (self._state[0] + 1, value), seen
             return True
 
 
