@@ -1,6 +1,6 @@
 """The Consul side of the controller, in a thread of its own (py-consul blocks), every
-interval_s: keep the session, try the lock, read the operator controls, discover agents
-from the catalog, and - as leader - publish the newest decided views in one fenced
+interval_s: keep the session, try the lock, discover agents from the catalog, read the
+operator controls, and - as leader - publish the newest decided views in one fenced
 transaction. Between rounds, newly decided views are published as soon as they are
 offered (`publish_decided`). A slow or absent Consul delays only this loop, never the
 pulls; and since it is not scheduled by the event loop, a cycle that runs long (a large
@@ -35,6 +35,7 @@ CONSUL_TIMEOUT_S = 2.0  # one Consul call never holds the Consul loop longer tha
 DISCOVERY_EVERY_S = 5.0
 WRITE_BACKOFF_MAX_S = 10.0  # a failing KV write is retried at least this often
 CONTROLS_LOG_EVERY_S = 60.0  # a control/ read failing every round is logged this often
+CATALOG_LOG_EVERY_S = 60.0  # likewise a catalog read failing every discovery
 
 
 class ConsulDuties:
@@ -69,6 +70,8 @@ class ConsulDuties:
         self._write_retry_at = float("-inf")  # publisher clock
         self._control_failures_run = 0  # consecutive ones
         self._control_logged_at = float("-inf")  # monotonic
+        self._catalog_failures_run = 0  # consecutive ones
+        self._catalog_logged_at = float("-inf")  # monotonic
 
     def tick(self) -> None:
         """One round with Consul (blocking)."""
@@ -81,12 +84,15 @@ class ConsulDuties:
             self._guarded(self._publish)
 
     def _round(self) -> None:
-        self._discover()
+        config = self._take_config()
+        # The session and the lock first: nothing read after them (the catalog, control/,
+        # anyone's writing) can keep the session from being renewed.
         transition = self.election.tick()
         if transition is not None and transition.became_leader:
             self.term_started = False
         if not self.election.is_leader:
             self.leader_probe.observe(self.election.holder())
+        self._discover(config)
         self._read_controls()
         if self.election.is_leader:
             if not self.term_started:
@@ -175,7 +181,8 @@ class ConsulDuties:
         self.metrics.observe_controls(len(controls.host_pins), controls.hosts_off, operator.ignored)
         pins = tuple(sorted(controls.host_pins))
         if pins != self._logged_pins or controls.hosts_off != self._logged_off:
-            log.info("operator host switches: %s; %s", f"pinned healthy: {', '.join(pins)}" if pins else "no host pinned",
+            log.info("operator host switches: %s; %s",
+                     f"pinned healthy: {', '.join(pins)}" if pins else "no host pinned",
                      "host naming off (control/hosts-off)" if controls.hosts_off else "host naming on")
             self._logged_pins, self._logged_off = pins, controls.hosts_off
         if operator.problems != self._logged_problems:
@@ -195,19 +202,31 @@ class ConsulDuties:
                         "in force: %s; if it is too large, delete the keys under it that are not controls",
                         prefix, self._control_failures_run, printable(str(exc), 300))
 
-    def _discover(self) -> None:
+    def _take_config(self) -> ControllerConfig:
         config, reloaded = self.handover.config()
-        agents = config.agents
         if reloaded:
             self.publisher.model_name = config.model.name
             self._last_discovery = -1e9  # read the catalog now
+        return config
+
+    def _discover(self, config: ControllerConfig) -> None:
+        """Offer the agents the catalog lists (with the static ones). A failed read is not
+        a lost lock: whoever may register the agents' service can pass the 4 MiB answer
+        bound, so it keeps the last agent list and is retried at the discovery pace."""
+        agents = config.agents
         if agents.discover != "consul" or time.monotonic() - self._last_discovery < DISCOVERY_EVERY_S:
             return
+        self._last_discovery = time.monotonic()
         try:
             _, entries = self.client.catalog.service(agents.service)
         except Exception as exc:  # py-consul raises requests' and its own types
-            raise translate_error(exc, self.settings.address, "reading the agent catalog") from None
-        self._last_discovery = time.monotonic()
+            self._catalog_read_failed(agents.service, translate_error(exc, self.settings.address,
+                                                                      "reading the agent catalog"))
+            return
+        if self._catalog_failures_run:
+            log.info("agents: reading the catalog service %r works again after %d failed reads", agents.service,
+                     self._catalog_failures_run)
+            self._catalog_failures_run, self._catalog_logged_at = 0, float("-inf")
         scheme = "https" if agents.tls is not None else "http"
         targets = [AgentTarget(url=agent_url(e, scheme), az=(e.get("NodeMeta") or {}).get("az"), node=e.get("Node"))
                    for e in entries or [] if e.get("ServicePort")]
@@ -217,6 +236,17 @@ class ConsulDuties:
             log.info("agents: %d from the catalog (%d before)", len(urls), len(self._known_agents))
             self._known_agents = urls
         self.handover.offer_targets(targets)
+
+    def _catalog_read_failed(self, service: str, exc: ConsulError) -> None:
+        self.metrics.catalog_read_errors.inc()
+        self._catalog_failures_run += 1
+        now = time.monotonic()
+        if now - self._catalog_logged_at >= CATALOG_LOG_EVERY_S:
+            self._catalog_logged_at = now
+            log.warning("agents: reading the catalog service %r failed (%d reads in a row), the last %d agents "
+                        "stay in the pull: %s; if its answer is too large, deregister the instances of %r that are "
+                        "not azprobe agents and allow service:write on it to the agents' tokens only", service,
+                        self._catalog_failures_run, len(self._known_agents), printable(str(exc), 300), service)
 
 
 def agent_url(entry: Mapping[str, Any], scheme: str = "http") -> str:

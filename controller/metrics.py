@@ -92,6 +92,7 @@ class ControllerMetrics:
         self.host_naming_off = _gauge(prom.HOST_NAMING_OFF, r)
         self.control_keys_ignored = _gauge(prom.CONTROL_KEYS_IGNORED, r)
         self.spikes = Counter(prom.SPIKES.name, prom.SPIKES.help, prom.SPIKES.labels, registry=r)
+        self.catalog_read_errors = Counter(prom.CATALOG_READ_ERRORS.name, prom.CATALOG_READ_ERRORS.help, registry=r)
         self._spiking: dict[str, bool] = {}
         self._known_zones: set[str] = set()  # zones with gauges, to drop those that leave
 

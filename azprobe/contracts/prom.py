@@ -192,6 +192,8 @@ HOST_NAMING_OFF = Family("azprobe_controller_host_naming_off", GAUGE, "1 while c
                          "host named, zones judged without host evidence), else 0")
 CONTROL_KEYS_IGNORED = Family("azprobe_controller_control_keys_ignored", GAUGE, "Keys under control/ the last read "
                               "ignored (a bad value, an unknown name, a bound exceeded): the log says why")
+CATALOG_READ_ERRORS = Family("azprobe_controller_catalog_read_errors", COUNTER, "Reads of the agents' catalog "
+                             "service (agents.discover = \"consul\") that failed; the last agent list stayed in force")
 SPIKE = Family("azprobe_detector_spike", GAUGE, "1 while the failures towards the AZ in the current detector "
                "bucket are a spike, else 0", (LABEL_AZ,))
 SPIKE_LAMBDA = Family("azprobe_detector_lambda", GAUGE, "Mean failures per detector bucket towards the AZ over "
