@@ -174,10 +174,6 @@ def parse_controller(section: Section) -> ControllerSettings:
         leader_probe_failures=section.integer("leader_probe_failures", 3, min=0, max=1000),
     )
     section.reject_unknown()
-    if settings.evaluation_window_s < settings.interval_s:
-        raise ConfigError(section.field("evaluation_window_s"),
-                          f"{settings.evaluation_window_s} is shorter than interval_s {settings.interval_s}",
-                          "the evaluation window must hold at least one interval")
     return settings
 
 
@@ -206,14 +202,6 @@ def parse_agents(section: Section) -> AgentsSettings:
         settings = replace(settings, token=read_token_file(settings.token_file, section.field("token_file")))
     settings = _agents_tls(section, settings)
     section.reject_unknown()
-    if source == "prometheus":
-        if static or discover:
-            raise ConfigError(section.field("source"), "\"prometheus\" reads agents from Prometheus, not from "
-                              "agents.static or agents.discover", "remove agents.static and agents.discover")
-        return settings
-    if not static and not discover:
-        raise ConfigError(section.field("static"), "no agents configured",
-                          "list agent URLs in agents.static or set agents.discover = \"consul\"")
     return settings
 
 
@@ -238,10 +226,6 @@ def _agents_tls(section: Section, settings: AgentsSettings) -> AgentsSettings:
         raise ConfigError(section.field("identity"), f"{printable(identity, 80)!r} must name {{node}} once "
                           "and no other braces", f"for example \"{IDENTITY_EXAMPLE}\" (a URI SAN) or "
                           "\"{node}.agents.example\" (a DNS SAN)")
-    plain = [u for u in settings.static if not u.startswith("https://")]
-    if plain:
-        raise ConfigError(section.field("static"), f"{plain[0]!r} is plain http, but [agents.tls] pulls over "
-                          "mutual TLS", "use https:// agent URLs (agents serve HTTPS with [agent.tls])")
     return replace(settings, tls=files, identity=identity)
 
 
@@ -341,23 +325,46 @@ def _consul_settings(section: Section) -> Any:
     return ConsulSettings.from_section(section)
 
 
-def parse_config(data: dict[str, Any], path: str = "") -> ControllerConfig:
-    root = Section(data, "")
-    safety, heartbeat_s = parse_safety(root.section("safety"))
-    agents = parse_agents(root.section("agents"))
-    prometheus = None
-    if agents.source == "prometheus":
-        prometheus = parse_prometheus(root.section("prometheus"))
-    elif root.has("prometheus"):
-        root.section("prometheus")  # mark known, then say why it is unused
-        raise ConfigError("prometheus", "is set but agents.source is \"direct\"",
-                          "set agents.source = \"prometheus\" or remove [prometheus]")
-    controller = parse_controller(root.section("controller"))
+def check_combination(controller: ControllerSettings, agents: AgentsSettings,
+                      prometheus: PrometheusSettings | None) -> None:
+    """The checks across fields that no one section's parser can make: run at start and on
+    every reload (controller/reload.py), where a field kept until a restart meets fields
+    of the new file, so a reload never installs a config that start refuses."""
+    if controller.evaluation_window_s < controller.interval_s:
+        raise ConfigError("controller.evaluation_window_s", f"{controller.evaluation_window_s} is shorter than "
+                          f"interval_s {controller.interval_s}",
+                          "the evaluation window must hold at least one interval")
+    if agents.source == "prometheus":  # [prometheus] is then set: parse_config requires its url
+        if agents.static or agents.discover:
+            raise ConfigError("agents.source", "\"prometheus\" reads agents from Prometheus, not from "
+                              "agents.static or agents.discover", "remove agents.static and agents.discover")
+    else:
+        if prometheus is not None:
+            raise ConfigError("prometheus", "is set but agents.source is \"direct\"",
+                              "set agents.source = \"prometheus\" or remove [prometheus]")
+        if not agents.static and not agents.discover:
+            raise ConfigError("agents.static", "no agents configured",
+                              "list agent URLs in agents.static or set agents.discover = \"consul\"")
+    plain = [u for u in agents.static if not u.startswith("https://")] if agents.tls is not None else []
+    if plain:
+        raise ConfigError("agents.static", f"{plain[0]!r} is plain http, but [agents.tls] pulls over "
+                          "mutual TLS", "use https:// agent URLs (agents serve HTTPS with [agent.tls])")
     if agents.forget_after_s is not None and agents.forget_after_s < controller.evaluation_window_s:
         raise ConfigError("agents.forget_after_s", f"{agents.forget_after_s:g} is shorter than "
                           f"controller.evaluation_window_s {controller.evaluation_window_s:g}",
                           "a name must stay silent until its windows have left the evaluation window; "
                           "raise it, or leave it unset for the default")
+
+
+def parse_config(data: dict[str, Any], path: str = "") -> ControllerConfig:
+    root = Section(data, "")
+    safety, heartbeat_s = parse_safety(root.section("safety"))
+    agents = parse_agents(root.section("agents"))
+    # read when set even for the direct pull: check_combination then says why it is unused
+    prometheus = parse_prometheus(root.section("prometheus")) \
+        if agents.source == "prometheus" or root.has("prometheus") else None
+    controller = parse_controller(root.section("controller"))
+    check_combination(controller, agents, prometheus)
     config = ControllerConfig(
         controller=controller,
         consul=_consul_settings(root.section("consul")),

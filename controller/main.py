@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -41,12 +42,13 @@ from azprobe.controller.gcpace import pace_gc
 from azprobe.controller.handover import Handover
 from azprobe.controller.metrics import ControllerMetrics, bound_port, start_server
 from azprobe.controller.prom_source import PrometheusCollector
-from azprobe.controller.reload import apply_reload
+from azprobe.controller.reload import apply_reload, checked_running_config
 from azprobe.controller.topology import Topology
 from azprobe.controller.window_source import AgentTarget, WindowSource, pull_budget
 from azprobe.daemon import sdnotify
 from azprobe.security import reloadable
 from azprobe.daemon.address_file import format_host_port, write_address_file
+from azprobe.errors import PrerequisiteError
 
 T = TypeVar("T")
 log = logging.getLogger("azprobe.controller")
@@ -112,6 +114,7 @@ class Controller:
         """SIGHUP: re-read the config; apply what can change live, name what needs a restart."""
         try:
             new = load_config(path)
+            checked_running_config(self.config, new)  # what start refuses, a reload does not install
         except Exception as exc:  # a bad edit must not take the running controller down
             log.error("reload failed, keeping the running config: %s", exc)
             return
@@ -121,13 +124,22 @@ class Controller:
 
     async def run(self, stop: asyncio.Event, address_file: str | None = None) -> None:
         c = self.config.controller
-        runner = await start_server(self.metrics, c.listen[0], c.listen[1], self.health)
-        port = bound_port(runner)
-        self.consul.election.address = bound_advertise(c.advertise, port)  # listen port 0: the real one
-        log.info("controller %s serving /metrics on %s, %d static agents", c.name,
-                 format_host_port(c.listen[0], port), len(self.config.agents.static))
-        if address_file:
-            write_address_file(address_file, c.listen[0], port)
+        try:
+            runner = await start_server(self.metrics, c.listen[0], c.listen[1], self.health)
+        except OSError as exc:  # in use, or not this host's address: the operator's to fix, not a bug
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise PrerequisiteError(f"controller.listen {format_host_port(*c.listen)}: {reason}; stop what "
+                                    "listens there, or set controller.listen to a free address") from None
+        try:
+            port = bound_port(runner)
+            self.consul.election.address = bound_advertise(c.advertise, port)  # listen port 0: the real one
+            if address_file:
+                write_address_file(address_file, c.listen[0], port)
+            log.info("controller %s serving /metrics on %s, %d static agents", c.name,
+                     format_host_port(c.listen[0], port), len(self.config.agents.static))
+        except BaseException:
+            await runner.cleanup()
+            raise
         # systemd Type=notify: READY once serving; WATCHDOG=1 only after a completed cycle.
         notifier = sdnotify.LoopNotifier(lambda: " ".join(f"{k}={v}" for k, v in self.health().items()),
                                          loop_interval_s=c.interval_s)

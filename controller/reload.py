@@ -4,6 +4,9 @@
 dataclasses it holds; tests/unit/test_controller_reload.py fails on a field it lacks).
 A reload keeps the running value of every RESTART field and names each one that changed
 in one warning line; every APPLIED field is in force from the next cycle (or Consul round).
+A RESTART field that changed keeps the APPLIED fields that only mean something with it
+(KEPT_WITH), and the config so merged must pass start's checks across fields
+(config.check_combination), or the reload is refused whole.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from azprobe.clients.consul import ConsulSettings
-from azprobe.controller.config import ControllerConfig, catalog_token_warning, load_model_from
+from azprobe.controller.config import ControllerConfig, catalog_token_warning, check_combination, load_model_from
 from azprobe.controller.decide import DecisionRules
 from azprobe.controller.decider import Decider
 from azprobe.controller.handover import Handover
 from azprobe.controller.window_source import AgentTarget
+from azprobe.errors import ConfigError
 
 log = logging.getLogger("azprobe.controller")
 
@@ -73,6 +77,12 @@ RELOAD: dict[str, str] = {
 }
 
 
+# A RESTART field -> the APPLIED fields running on with it while it changed: the static
+# list of a direct pull is no list for Prometheus (nor the reverse), and taking the new
+# one would leave the running source with no agents.
+KEPT_WITH: dict[str, tuple[str, ...]] = {"agents.source": ("agents.static",)}
+
+
 def field_paths(cls: type = ControllerConfig, prefix: str = "") -> Iterator[str]:
     """Every leaf field of a config dataclass, as "section.key" (nested dataclasses walked)."""
     hints = typing.get_type_hints(cls)
@@ -105,11 +115,29 @@ def changed_fields(old: ControllerConfig, new: ControllerConfig) -> list[str]:
 
 
 def running_config(old: ControllerConfig, new: ControllerConfig) -> ControllerConfig:
-    """`new` with every RESTART field kept at its running value."""
+    """`new` with every RESTART field kept at its running value, and with it, when it
+    changed, what KEPT_WITH names."""
     config = new
-    for path, how in RELOAD.items():
-        if how == RESTART:
-            config = _with(config, old, path.split("."))
+    for path in _kept(old, new):
+        config = _with(config, old, path.split("."))
+    return config
+
+
+def _kept(old: ControllerConfig, new: ControllerConfig) -> list[str]:
+    kept = [path for path, how in RELOAD.items() if how == RESTART]
+    return kept + [dep for path, deps in KEPT_WITH.items() if _value(old, path) != _value(new, path) for dep in deps]
+
+
+def checked_running_config(old: ControllerConfig, new: ControllerConfig) -> ControllerConfig:
+    """running_config(old, new), or ConfigError when start would refuse it, naming the
+    fields kept until a restart that it combines with the new file."""
+    config = running_config(old, new)
+    try:
+        check_combination(config.controller, config.agents, config.prometheus)
+    except ConfigError as exc:
+        restart = [path for path in changed_fields(old, new) if RELOAD[path] == RESTART]
+        raise ConfigError(exc.field, f"{exc.problem}, with the running {', '.join(restart)} kept until a restart",
+                          f"{exc.fix}; or restart the controller to take the whole file") from None
     return config
 
 
@@ -125,12 +153,15 @@ def _with(config: Any, old: Any, names: list[str]) -> Any:
 def apply_reload(old: ControllerConfig, new: ControllerConfig, *, decider: Decider,
                  handover: Handover) -> ControllerConfig:
     """Put the APPLIED fields of `new` in force, warn about the RESTART ones that changed;
-    returns the config now running. Runs on the event loop, between cycles."""
+    returns the config now running. Runs on the event loop, between cycles. Raises
+    ConfigError, having changed nothing, when the merged config fails start's checks."""
+    config = checked_running_config(old, new)
     restart = [path for path in changed_fields(old, new) if RELOAD[path] == RESTART]
     if restart:
-        log.warning("reload: %s changed but need%s a restart; running on with the old value%s",
-                    ", ".join(restart), "s" if len(restart) == 1 else "", "" if len(restart) == 1 else "s")
-    config = running_config(old, new)
+        along = [dep for path in restart for dep in KEPT_WITH.get(path, ()) if _value(old, dep) != _value(new, dep)]
+        log.warning("reload: %s changed but need%s a restart; running on with the old value%s%s",
+                    ", ".join(restart), "s" if len(restart) == 1 else "", "" if len(restart) == 1 else "s",
+                    f" (and the running {', '.join(along)}, which goes with it)" if along else "")
     if catalog_token_warning(config.agents) and not catalog_token_warning(old.agents):
         log.warning("reload: %s", catalog_token_warning(config.agents))
     decider.rules = DecisionRules(load_model_from(config.model), config.quorum, config.safety)

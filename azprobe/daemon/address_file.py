@@ -9,12 +9,14 @@ renamed over PATH), so a reader never sees half a line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from azprobe.config import parse_host_port
+from azprobe.errors import ConfigError
 
 
 def format_host_port(host: str, port: int) -> str:
@@ -23,10 +25,26 @@ def format_host_port(host: str, port: int) -> str:
 
 
 def write_address_file(path: str | Path, host: str, port: int) -> None:
+    """Raises ConfigError("--address-file", ...) when PATH cannot be written: every daemon
+    turns it into one line and exit 2, as for any other bad flag."""
     target = Path(path)
+    directory = target.parent
+    if not directory.is_dir():
+        problem = "is not a directory" if directory.exists() else "does not exist"
+        raise ConfigError("--address-file", f"directory {str(directory)!r} {problem}",
+                          "create it, or pass a path in an existing directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError("--address-file", f"directory {str(directory)!r} is not writable by this user",
+                          "pass a path in a directory this user may write")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_host_port(host, port) + "\n")
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(format_host_port(host, port) + "\n")
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError("--address-file", f"cannot write {str(target)!r}: {exc.strerror or exc}",
+                          "pass a path this user may write, not a directory") from None
 
 
 def read_address_file(path: str | Path) -> tuple[str, int] | None:
