@@ -5,12 +5,13 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from azprobe import bpf
 from azprobe.config import Section, load_toml, parse_host_port, parse_topology, read_token_file
+from azprobe.daemon.address_file import format_host_port
 from azprobe.contracts.window import MAX_AZ_NAME, MAX_NODE_NAME, MIN_INTERVAL_S, name_problem, printable
 from azprobe.errors import ConfigError
 from azprobe.security.tls import TlsFiles, parse_tls_files
@@ -144,3 +145,43 @@ def _agent_tls(agent: Section) -> tuple[TlsFiles | None, str]:
 
 def load_agent_config(path: str | Path) -> AgentConfig:
     return parse_agent_config(load_toml(path))
+
+
+# What a reload (SIGHUP) keeps at its running value, by config field -> AgentConfig
+# attribute: the node's name and AZ are how the controller knows its windows (one boot
+# with two identities is refused), and the listener and the ring are built once at start;
+# a changed TLS file's content is re-read, its path is not. A reload names each one that
+# changed in one warning line, as the controller's does (controller/reload.py). Every
+# other field is applied, the token file's content included; rtt_sample_ticks and
+# max_hosts size the loaded probe, and agent.main warns of those on its own.
+RESTART_FIELDS: dict[str, str] = {
+    "node.name": "node", "node.az": "az", "agent.listen": "listen", "agent.ring_size": "ring_size",
+    "agent.tls": "tls", "agent.tls.client_identity": "client_identity",
+}
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        return repr(format_host_port(*value))
+    if isinstance(value, TlsFiles):
+        return f"cert_file {value.cert_file!r}, key_file {value.key_file!r}, ca_file {value.ca_file!r}"
+    return repr(value) if isinstance(value, str) else printable(value, 200)
+
+
+def running_config(old: AgentConfig, new: AgentConfig) -> tuple[AgentConfig, str]:
+    """`new` with every RESTART_FIELDS field at its running value in `old`, and the reload's
+    warning naming each of them that changed ("": none did). ConfigError when the running
+    AZ is not in the new [topology]: the agent could not place its own sockets."""
+    changed = [(path, attr) for path, attr in RESTART_FIELDS.items() if getattr(old, attr) != getattr(new, attr)]
+    config = replace(new, **{attr: getattr(old, attr) for attr in RESTART_FIELDS.values()})
+    if config.az not in config.topology:  # start's check, on the config that would run
+        raise ConfigError("node.az", f"{config.az!r} is not an AZ of [topology], with the running node.az kept "
+                                     "until a restart", f"keep {config.az!r} in [topology]; or restart the agent "
+                                                        "to take the whole file")
+    if not changed:
+        return config, ""
+    told = ", ".join(f"{path} changed from {_shown(getattr(old, attr))} to {_shown(getattr(new, attr))}"
+                     for path, attr in changed)
+    if len(changed) == 1:
+        return config, f"reload: {told}: needs a restart, running on with {_shown(getattr(old, changed[0][1]))}"
+    return config, f"reload: {told}: need a restart, running on with the old values"

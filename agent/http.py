@@ -63,13 +63,26 @@ V1_POOL = Pool(workers=0, slots=64)
 OPEN_POOL = Pool(workers=1, slots=8)
 
 
-def make_server(host: str, port: int, state: ServedState, *, token: str = "",
+class BearerToken:
+    """The token /v1/* requests must carry ("": none). The agent's reload sets the token
+    file's new content, so a rotation needs no restart: each request is checked against
+    the token current when it arrives (one already routed finishes)."""
+
+    def __init__(self, token: str = "") -> None:
+        self.set(token)
+
+    def set(self, token: str) -> None:
+        # One attribute, assigned whole: the IO thread reads either token, never a mix.
+        self.expected = f"Bearer {token}".encode() if token else b""
+
+
+def make_server(host: str, port: int, state: ServedState, *, token: str | BearerToken = "",
                 limits: ConnectionLimits = ConnectionLimits(), v1_pool: Pool = V1_POOL,
                 open_pool: Pool = OPEN_POOL, tls: ServerTls | None = None) -> BoundedHTTPServer:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(state))
-    expected = f"Bearer {token}".encode() if token else b""
-    events_open = bool(token) or is_loopback(host)
+    bearer = token if isinstance(token, BearerToken) else BearerToken(token)
+    loopback = is_loopback(host)
 
     def windows(after: int, media: str) -> Response:
         header, page = state.windows_page(after)
@@ -91,12 +104,13 @@ def make_server(host: str, port: int, state: ServedState, *, token: str = "",
         loopback listener (it names peers' addresses)."""
         path = request.path
         if path.startswith("/v1/"):
+            expected = bearer.expected  # once per request: a reload may swap it meanwhile
             if expected:
                 got = request.headers.get("authorization", "").encode("latin-1", "replace")
                 if not hmac.compare_digest(got, expected):
                     return Response(401, b'{"error":"a bearer token is required (the controller\'s agents.token_file)"}',
                                     headers=(("WWW-Authenticate", 'Bearer realm="azprobe"'),))
-            elif path == "/v1/events" and not events_open:
+            elif path == "/v1/events" and not loopback:
                 return error_response(403, "/v1/events names peer addresses: set agent.token_file, "
                                            "or listen on a loopback address")
             try:
@@ -119,6 +133,7 @@ def make_server(host: str, port: int, state: ServedState, *, token: str = "",
     server = (TlsHTTPServer((host, port), route, pools, limits, tls) if tls is not None
               else BoundedHTTPServer((host, port), route, pools, limits))
     registry.register(HttpServerCollector(server))
+    server.bearer = bearer  # type: ignore[attr-defined] - where the agent's reload sets the token file's new token
     return server
 
 

@@ -21,7 +21,7 @@ import click
 
 from azprobe.agent.httpserver.tlsserve import ServerTls
 from azprobe.agent.config import (DEFAULT_MAX_HOSTS, DEFAULT_RTT_SAMPLE_TICKS, MAX_HOSTS_LIMIT, AgentConfig,
-                                  load_agent_config)
+                                  load_agent_config, running_config)
 from azprobe.agent.events import EventLog
 from azprobe.agent.http import make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
@@ -173,27 +173,24 @@ class Agent:
         self._reload_requested.set()
 
     def reload(self) -> bool:
-        """Re-read the config file and refill the LPM trie; a bad file keeps the old one."""
+        """Re-read the config file: refill the LPM trie, take the token file's token; the
+        fields of agent.config.RESTART_FIELDS run on. A bad file keeps the running config."""
         if self.config_path is None:
             return False
+        old = self.config
         try:
-            new = load_agent_config(self.config_path)
+            new, restart = running_config(old, load_agent_config(self.config_path))
             with self._lock:
                 self._apply(new)
         except Exception as exc:  # noqa: BLE001 - whatever a reload meets, the running agent goes on
-            log.error("reload of %s failed, keeping the old topology: %r", self.config_path, exc)
+            log.error("reload of %s failed, keeping the old topology and token: %r", self.config_path, exc)
             return False
+        if self._server is not None:  # rotation without a restart: the next request is checked against it
+            self._server.bearer.set(new.token)
         log.info("reloaded topology: %s", ", ".join(sorted(new.topology)))
         if self.tls is not None:  # the same files, re-read: SIGHUP also says "the certificate changed"
             self.tls.reload()
-        running = getattr(self.probe, "rtt_sample_ticks", None)  # the sock_diag sampler has none
-        if running is not None and new.rtt_sample_ticks != running:
-            log.warning("[agent] rtt_sample_ticks = %d applies at the next start: the loaded probe keeps %d",
-                        new.rtt_sample_ticks, running)
-        table = getattr(self.probe, "max_hosts", None)
-        if table is not None and new.max_hosts != table:
-            log.warning("[agent] max_hosts = %d applies at the next start: the loaded probe keeps %d",
-                        new.max_hosts, table)
+        log_reload(self.probe, old, new, restart)
         return True
 
     # -- the loop ------------------------------------------------------------------
@@ -303,6 +300,23 @@ class Agent:
             # 1: the BPF probe hooks BTF-typed tracepoints; 0: classic ones, or sock_diag.
             "btf_hooks": float(getattr(self.probe, "hooks", "") == "btf"),
         }
+
+
+def log_reload(probe: object, old: AgentConfig, new: AgentConfig, restart: str) -> None:
+    """What a reload did not apply, and a token that changed (never the token itself)."""
+    if restart:
+        log.warning("%s", restart)
+    if new.token != old.token:
+        log.info("reload: agent.token_file read: /v1/* requests need its token from now on"
+                 if new.token else "reload: no agent.token_file: /v1/* is served without a token")
+    running = getattr(probe, "rtt_sample_ticks", None)  # the sock_diag sampler has none
+    if running is not None and new.rtt_sample_ticks != running:
+        log.warning("[agent] rtt_sample_ticks = %d applies at the next start: the loaded probe keeps %d",
+                    new.rtt_sample_ticks, running)
+    table = getattr(probe, "max_hosts", None)
+    if table is not None and new.max_hosts != table:
+        log.warning("[agent] max_hosts = %d applies at the next start: the loaded probe keeps %d",
+                    new.max_hosts, table)
 
 
 def load_collector(kind: str, rtt_sample_ticks: int = DEFAULT_RTT_SAMPLE_TICKS,
