@@ -14,6 +14,7 @@ bad usage or a bad config file.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import importlib
 import json
@@ -210,13 +211,31 @@ def check_collector(bpf_checks: list[Check], configured: str = "auto") -> Check:
 # --- controller role: Consul and the agents ----------------------------------------------
 
 def skew_bounds(sent_at: float, received_at: float, date_header: str) -> tuple[float, float]:
-    """(low, high) bounds of local clock minus Consul's clock, in seconds.
+    """(low, high) bounds of local clock minus Consul's clock, in seconds; ValueError
+    when `date_header` is not an HTTP date.
 
     The server stamped Date somewhere between our send and receive, and Date has
     whole-second resolution, so the server's time then lay in [D, D + 1).
     """
-    server = email.utils.parsedate_to_datetime(date_header).timestamp()
+    try:
+        stamp = email.utils.parsedate_to_datetime(date_header)
+        # "-0000" (RFC 5322: UTC, local zone unknown) parses naive, which timestamp() would read as local time.
+        server = (stamp if stamp.tzinfo else stamp.replace(tzinfo=datetime.timezone.utc)).timestamp()
+    except (ValueError, TypeError, OverflowError, OSError):  # a year past 9999 overflows, not ValueError
+        raise ValueError(f"\"{printable(date_header, 64)}\" is not an HTTP date") from None
     return sent_at - (server + 1.0), received_at - server
+
+
+def clock_skew_check(sent_at: float, received_at: float, date_header: str | None) -> Check:
+    """The skew judged from Consul's Date header; a missing or unparseable one is a warning,
+    never a crash: the header comes from the network."""
+    fix = "compare the clocks by hand (`date -u` here and on a Consul server)"
+    if not date_header:
+        return warn("consul.clock_skew", "Consul sent no Date header: cannot measure clock skew", fix)
+    try:
+        return judge_skew(*skew_bounds(sent_at, received_at, date_header))
+    except ValueError as exc:
+        return warn("consul.clock_skew", f"Consul's Date header {exc}: cannot measure clock skew", fix)
 
 
 def judge_skew(low: float, high: float) -> Check:
@@ -258,13 +277,9 @@ def consul_checks(settings: Any, *, write: bool = True) -> Iterator[Check]:
         yield fail("consul.leader", f"no leader (HTTP {response.status_code}, body {response.text[:80]!r})",
                    "the Consul servers have no quorum: check `consul operator raft list-peers`")
         return
-    yield ok("consul.leader", f"leader {leader}")
+    yield ok("consul.leader", f"leader {printable(leader, 80)}")
 
-    date = response.headers.get("Date")
-    if date:
-        yield judge_skew(*skew_bounds(sent_at, received_at, date))
-    else:
-        yield warn("consul.clock_skew", "Consul sent no Date header", "compare the clocks by hand (`date -u`)")
+    yield clock_skew_check(sent_at, received_at, response.headers.get("Date"))
 
     if write:
         yield from acl_checks(settings)
