@@ -32,6 +32,7 @@ from __future__ import annotations
 import ipaddress
 import sys
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,12 @@ def is_name(value: object, limit: int) -> bool:
     if ok and len(_KNOWN_NAMES) < 100_000:  # bounded: boot ids and fake names do not grow it for ever
         _KNOWN_NAMES.add(value)  # type: ignore[arg-type]
     return ok
+
+
+# The names is_name accepted, whatever the limit each was checked against. A reader whose
+# decoder bounds a name's type and length itself (windowcodec: msgspec's constraints) needs
+# only a lookup here for the names every window repeats. Read-only: is_name fills it.
+KNOWN_NAMES: AbstractSet[str] = _KNOWN_NAMES
 
 
 def is_az_name(value: object) -> bool:
@@ -403,10 +410,11 @@ def _histogram(doc: object, where: str) -> Histogram:
     return hist
 
 
-def _check_connect_relation(attempts: int, ok: int, refused: int, timeout: int, prefix: str) -> None:
-    if ok + refused + timeout > attempts + MAX_CONNECT_CARRY:
-        raise WindowError(f"{prefix}conn_ok: ok {ok} + refused {refused} + timeout {timeout} exceed conn_attempts "
-                          f"{attempts} by more than the {MAX_CONNECT_CARRY} connects one window can carry over")
+def _connect_relation_error(p: TcpCounters, prefix: str) -> WindowError:
+    """The error for counters whose completions exceed their attempts by more than a window carries."""
+    return WindowError(f"{prefix}conn_ok: ok {p.conn_ok} + refused {p.conn_refused} + timeout {p.conn_timeout} "
+                       f"exceed conn_attempts {p.conn_attempts} by more than the {MAX_CONNECT_CARRY} connects "
+                       "one window can carry over")
 
 
 def _check_buckets(counts: Mapping[int, int], where: str) -> None:
@@ -472,12 +480,18 @@ def check_window(window: Window) -> Window:
         raise WindowError(f"start: the window spans {window.end - window.start:.0f} s, at most {MAX_WINDOW_S:.0f} s")
     if len(window.paths) > MAX_PATHS:
         raise WindowError(f"paths: {len(window.paths)} paths exceed {MAX_PATHS}")
-    is_bucket_set = LOWER_BOUNDS.issuperset  # one C call per histogram: this runs for every path of every window
+    # This runs for every path of every window: one pass, each rule tested in line (one C
+    # call per histogram), and its message (the path's index in it) built only for a path
+    # that breaks it.
+    is_bucket_set = LOWER_BOUNDS.issuperset
+    pairs: set[tuple[str, str]] = set()
     for i, p in enumerate(window.paths):
-        _check_connect_relation(p.conn_attempts, p.conn_ok, p.conn_refused, p.conn_timeout, f"paths[{i}].")
+        if p.conn_ok + p.conn_refused + p.conn_timeout > p.conn_attempts + MAX_CONNECT_CARRY:
+            raise _connect_relation_error(p, f"paths[{i}].")
         if not (is_bucket_set(p.rtt_us.counts) and is_bucket_set(p.connect_us.counts)):
             raise _bucket_error(p, f"paths[{i}].")
-    if len({(p.src, p.dst) for p in window.paths}) != len(window.paths):
+        pairs.add((p.src, p.dst))
+    if len(pairs) != len(window.paths):
         raise WindowError("paths: a (src, dst) path appears twice")
     if window.hosts:
         _check_hosts(window.hosts)
