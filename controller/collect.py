@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 
 from azprobe.clients.agent import pull_answer
 from azprobe.clients.transport import MAX_BODY_BYTES, AgentHttpClient, Endpoint
-from azprobe.contracts.window import Window, WindowError, printable
+from azprobe.contracts.window import MIN_INTERVAL_S, Window, WindowError, printable
 from azprobe.contracts.windowcodec import PendingWindow, WindowsPage, page_from_doc
 from azprobe.controller.agent_identity import AgentGuard
 from azprobe.controller.config import AgentsSettings
@@ -47,6 +47,9 @@ from azprobe.controller.window_store import WindowStore
 log = logging.getLogger(__name__)
 
 RESTART_LOG_EVERY_S = 60.0
+# Windows an agent may make while its answer is on the way, beyond those the controller's
+# clock allows since the last answer: one pull timeout at the fastest interval, and more.
+GAP_SLACK_WINDOWS = 600
 FORGET_AFTER_WINDOWS = 3  # the default forget time ([agents] forget_after_s), in evaluation windows
 
 
@@ -187,9 +190,10 @@ class Collector:
         cursor.az = page.az or cursor.az
         fresh, skipped_seqs, newest_end = admit_page(page, self._unread(cursor, page), cursor, self.store, self.topology,
                                                       self.counters)
-        fresh.sort(key=lambda w: w.seq)
-        count_gaps(cursor, skipped_seqs, fresh, self.counters)
-        cursor.last_seq = max([cursor.last_seq, *skipped_seqs, *(w.seq for w in fresh)])
+        read = seqs_read(fresh, skipped_seqs)
+        count_gaps(cursor, read, self.counters, now)
+        if read and read[-1] > cursor.last_seq:
+            cursor.last_seq = read[-1]
         if newest_end is not None:
             cursor.newest_end = newest_end
         stored = self._store(cursor, fresh, newest_end, now)
@@ -360,7 +364,8 @@ def admit_page(page: WindowsPage, candidates: list[PendingWindow], cursor: Agent
     newest_end = cursor.newest_end
     fresh: list[Window] = []
     skipped_seqs: set[int] = set()
-    candidates.sort(key=lambda p: -p.end if p.end is not None else math.inf)
+    if len(candidates) > 1:  # one window a pull is the steady state: no sort for it
+        candidates.sort(key=lambda p: -p.end if p.end is not None else math.inf)
     for pending in candidates:
         seq, end = pending.seq, pending.end
         if seq is not None and end is not None and newest_end is not None \
@@ -399,13 +404,34 @@ def admit_page(page: WindowsPage, candidates: list[PendingWindow], cursor: Agent
         room -= 1
     return fresh, skipped_seqs, newest_end
 
-def count_gaps(cursor: AgentCursor, skipped_seqs: set[int], fresh: list[Window], counters: CollectCounters) -> None:
-    """A gap: the ring no longer holds seqs we never read. On first contact (or a new
-    boot) we take what the ring has on purpose, so a first seq > 1 is not a gap."""
-    read = sorted(skipped_seqs | {w.seq for w in fresh})
+
+def seqs_read(fresh: list[Window], skipped_seqs: set[int]) -> list[int]:
+    """The seqs read from a page, stored or skipped, ascending; sorts `fresh` by seq (the
+    order they are stored in). One window a pull is the steady state: no sort, no set for it."""
+    if len(fresh) > 1:
+        fresh.sort(key=lambda w: w.seq)
+    if not skipped_seqs:
+        return [w.seq for w in fresh]
+    return sorted(skipped_seqs.union([w.seq for w in fresh]))
+
+
+def count_gaps(cursor: AgentCursor, read: list[int], counters: CollectCounters, now: float) -> None:
+    """A gap: the ring no longer holds seqs we never read (`read`: seqs_read's). On first
+    contact (or a new boot) we take what the ring has on purpose, so a first seq > 1 is not a gap.
+    A gap counts at most the windows the agent could have made since its last answer
+    (gap_bound): the seq is the agent's word, and one jump to 2^53 would be a fleet's
+    figure of lost windows for good."""
     expected = cursor.last_seq + 1
+    bound = gap_bound(cursor, now)
     for i, seq in enumerate(read):
         if seq > expected and (i > 0 or cursor.last_seq > 0):
             counters.gap_events += 1
-            counters.gap_windows += seq - expected
+            counters.gap_windows += min(seq - expected, bound)
         expected = seq + 1
+
+
+def gap_bound(cursor: AgentCursor, now: float) -> int:
+    """The most windows an agent can have made since its last answer: one per
+    MIN_INTERVAL_S of the controller's clock, and GAP_SLACK_WINDOWS."""
+    since = 0.0 if cursor.last_ok is None else max(0.0, now - cursor.last_ok)
+    return int(since / MIN_INTERVAL_S) + GAP_SLACK_WINDOWS

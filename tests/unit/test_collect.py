@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from azprobe.controller.collect import Collector
+from azprobe.controller.collect import GAP_SLACK_WINDOWS, Collector, gap_bound
 from azprobe.controller.window_source import AgentCursor, AgentState, AgentTarget
 from azprobe.controller.window_store import WindowStore
 from tests.controller_harness import topology
@@ -84,6 +84,22 @@ def test_gap_counted_and_rest_taken():
     assert collector.counters.gap_events == 1
     assert collector.counters.gap_windows == 2  # seq 2 and 3
     assert cursor.last_seq == 6
+
+
+def test_a_seq_jump_counts_no_more_lost_windows_than_the_agent_could_have_made():
+    """The seq is the agent's word: a jump to 2^53 is at most the windows one per
+    MIN_INTERVAL_S since its last answer (and the slack), not 2^53 lost windows."""
+    collector, cursor, agent, clock = make()
+    agent.emit(end=100.0)
+    collector.ingest(cursor, agent.body(0), clock())
+    cursor.last_ok = clock()
+    clock.now += 2.0
+    agent.seq = 2**53 - 2
+    agent.emit(end=101.0)  # seq 2^53 - 1
+    collector.ingest(cursor, agent.body(cursor.last_seq), clock())
+    assert collector.counters.gap_events == 1
+    assert collector.counters.gap_windows == gap_bound(cursor, clock()) == 20 + GAP_SLACK_WINDOWS
+    assert cursor.last_seq == 2**53 - 1
 
 
 def test_first_contact_takes_ring_without_gap_and_skips_old_backlog():
