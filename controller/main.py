@@ -114,12 +114,12 @@ class Controller:
         """SIGHUP: re-read the config; apply what can change live, name what needs a restart."""
         try:
             new = load_config(path)
-            checked_running_config(self.config, new)  # what start refuses, a reload does not install
+            running = checked_running_config(self.config, new)  # what start refuses, a reload does not install
         except Exception as exc:  # a bad edit must not take the running controller down
             log.error("reload failed, keeping the running config: %s", exc)
             return
         reloadable.reload_all()  # rotated certificates and secret files, at once
-        self.config = apply_reload(self.config, new, decider=self.decider, handover=self.handover)
+        self.config = apply_reload(self.config, new, running, decider=self.decider, handover=self.handover)
         log.info("reloaded %s: %d static agents, model %s", path, len(new.agents.static), new.model.name)
 
     async def run(self, stop: asyncio.Event, address_file: str | None = None) -> None:

@@ -150,12 +150,11 @@ def _with(config: Any, old: Any, names: list[str]) -> Any:
     return dataclasses.replace(config, **{name: old_child})
 
 
-def apply_reload(old: ControllerConfig, new: ControllerConfig, *, decider: Decider,
+def apply_reload(old: ControllerConfig, new: ControllerConfig, config: ControllerConfig, *, decider: Decider,
                  handover: Handover) -> ControllerConfig:
-    """Put the APPLIED fields of `new` in force, warn about the RESTART ones that changed;
-    returns the config now running. Runs on the event loop, between cycles. Raises
-    ConfigError, having changed nothing, when the merged config fails start's checks."""
-    config = checked_running_config(old, new)
+    """Put `config`, checked_running_config(old, new), in force: the APPLIED fields of `new`;
+    warn about the RESTART ones that changed. Returns `config`. Runs on the event loop,
+    between cycles."""
     restart = [path for path in changed_fields(old, new) if RELOAD[path] == RESTART]
     if restart:
         along = [dep for path in restart for dep in KEPT_WITH.get(path, ()) if _value(old, dep) != _value(new, dep)]
