@@ -133,7 +133,6 @@ def make_server(host: str, port: int, state: ServedState, *, token: str | Bearer
     server = (TlsHTTPServer((host, port), route, pools, limits, tls) if tls is not None
               else BoundedHTTPServer((host, port), route, pools, limits))
     registry.register(HttpServerCollector(server))
-    server.bearer = bearer  # type: ignore[attr-defined] - where the agent's reload sets the token file's new token
     return server
 
 

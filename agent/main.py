@@ -23,7 +23,7 @@ from azprobe.agent.httpserver.tlsserve import ServerTls
 from azprobe.agent.config import (DEFAULT_MAX_HOSTS, DEFAULT_RTT_SAMPLE_TICKS, MAX_HOSTS_LIMIT, AgentConfig,
                                   load_agent_config, running_config)
 from azprobe.agent.events import EventLog
-from azprobe.agent.http import make_server, serve_in_background
+from azprobe.agent.http import BearerToken, make_server, serve_in_background
 from azprobe.agent.lpm import AzRegistry, address_key, trie_entries
 from azprobe.agent.probe import Probe
 from azprobe.agent.sockdiag import SockDiagCollector
@@ -82,6 +82,7 @@ class Agent:
         self._latest_util: Utilisation | None = None
         self.events = EventLog()
         self._server = None
+        self._bearer = BearerToken(config.token)  # what /v1/* requests must carry; a reload sets the new one
         self.tls: ServerTls | None = None  # [agent.tls], built at start
         self._thread: threading.Thread | None = None
 
@@ -117,7 +118,7 @@ class Agent:
         self._prev_end = time.time()
         self._last_tick = time.monotonic()
         try:
-            self._server = make_server(self.listen[0], self.listen[1], self, token=self.config.token,
+            self._server = make_server(self.listen[0], self.listen[1], self, token=self._bearer,
                                        tls=self.tls)
         except OSError as exc:
             raise PrerequisiteError(f"agent.listen {self.listen[0]}:{self.listen[1]}: {exc.strerror}; "
@@ -185,8 +186,7 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - whatever a reload meets, the running agent goes on
             log.error("reload of %s failed, keeping the old topology and token: %r", self.config_path, exc)
             return False
-        if self._server is not None:  # rotation without a restart: the next request is checked against it
-            self._server.bearer.set(new.token)
+        self._bearer.set(new.token)  # rotation without a restart: the next request is checked against it
         log.info("reloaded topology: %s", ", ".join(sorted(new.topology)))
         if self.tls is not None:  # the same files, re-read: SIGHUP also says "the certificate changed"
             self.tls.reload()
