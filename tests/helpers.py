@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -197,3 +198,17 @@ class EchoServer:
     def close(self) -> None:
         self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+@contextlib.contextmanager
+def serve_http(handler: type) -> Iterator[str]:
+    """A loopback ThreadingHTTPServer of `handler` on a thread, for the block: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

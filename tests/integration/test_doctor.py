@@ -8,14 +8,13 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from azprobe.dev.devconsul.testing import DevConsul
-from tests.helpers import refused_port, require_tools, write_secret
+from tests.helpers import refused_port, require_tools, serve_http, write_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,14 +43,8 @@ class HealthzOnly(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def live_agent_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), HealthzOnly)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(HealthzOnly) as url:
+        yield url
 
 
 def controller_config(tmp_path: Path, address: str, agents: list[str], token_file: str = "") -> str:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import serve_http
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENT = {"id": 1, "ts": 1700000000.5, "kind": "conn_refused", "src": "az-a", "dst": "az-b",
@@ -45,15 +46,8 @@ def peer(body: bytes, events: list | None = None) -> Iterator[str]:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve_http(Handler) as url:
+        yield url
 
 
 def azprobe(*args: str) -> subprocess.CompletedProcess[str]:
