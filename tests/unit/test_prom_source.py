@@ -188,6 +188,24 @@ def test_a_bad_series_is_skipped_and_counted(change):
         node_windows(series, after=None)  # never raises
 
 
+def test_the_agents_counters_outside_the_window_are_neither_asked_for_nor_read():
+    """The agent exports syn_rto besides the window's counters (agent/windows.py). Read as
+    one, it named no field of a window: a window refused it, and the cycle with it."""
+    assert prom.COUNTER_SERIES["syn_rto"] not in SERIES_NAMES
+    assert {prom.COUNTER_SERIES[name] for name in COUNTER_FIELDS} <= set(SERIES_NAMES)
+    _, doc = scraped_agent(ticks=2)
+    (attempts,) = [e for e in doc["data"]["result"] if e["metric"]["__name__"] == prom.COUNTER_SERIES["conn_attempts"]
+                   and e["metric"][prom.LABEL_DST] == "az-b"]
+    extra = copy.deepcopy(doc)
+    extra["data"]["result"].append({**copy.deepcopy(attempts), "metric": {
+        **attempts["metric"], "__name__": prom.COUNTER_SERIES["syn_rto"]}})
+    answer = parse_answer(extra, max_series=10_000)
+    assert answer.garbage_series == 1
+    ((_, got),), ((_, want),) = answer.nodes.items(), parse_answer(doc, max_series=10_000).nodes.items()
+    assert [w.to_json() for w in node_windows(got, after=None).windows] == \
+        [w.to_json() for w in node_windows(want, after=None).windows]
+
+
 def test_an_unknown_bucket_is_garbage_and_a_window_breaking_the_contract_is_dropped_not_the_cycle():
     _, doc = scraped_agent(ticks=2)
     hits = prom.HITS_SERIES["rtt_us"]
