@@ -13,8 +13,13 @@ setup: host venv
 host:
 	@bash scripts/setup-host.sh
 
+# The files setup.py compiles with mypyc (pyproject.toml [tool.azprobe] compiled): the
+# install is rebuilt when one changes, so the tests never run an older build of it.
+COMPILED := $(shell $(PYTHON_SYSTEM) -c 'import tomllib; \
+  print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["azprobe"]["compiled"])')
+
 # The venv sees only the `bcc` package from the system (symlinked in), nothing else.
-$(VENV)/.installed: pyproject.toml | host
+$(VENV)/.installed: pyproject.toml setup.py $(COMPILED) | host
 	@test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	@site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  test -e $$site/bcc || ln -s /usr/lib/python3/dist-packages/bcc $$site/bcc

@@ -279,8 +279,8 @@ class Collector:
             self._mark_failed(cursor, f"timeout after {self.pull_timeout_s}s")
             self.counters.pull_timeouts += 1
             return -1
-        except AnswerRefused as exc:  # counted by ingest, or by the guard
-            self._mark_failed(cursor, str(exc))
+        except AnswerRefused as refused:  # counted by ingest, or by the guard
+            self._mark_failed(cursor, str(refused))
             return -1
         except Exception as exc:  # refused, reset, HttpError, bad JSON; a bug here costs this pull, not the worker
             if not isinstance(exc, (OSError, ValueError, TypeError, KeyError)) and not cursor.failures:

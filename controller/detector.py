@@ -63,9 +63,9 @@ class SpikeDetector:
         self.bucket: int | None = None  # index of the bucket in progress
         self.current = 0
 
-    def update(self, now: float, failures: int) -> DetectorResult:
+    def update(self, now: float, failures: float) -> DetectorResult:
         c = self.config
-        failures = max(int(failures), 0) if isinstance(failures, (int, float)) and math.isfinite(failures) else 0
+        count = max(int(failures), 0) if math.isfinite(failures) else 0
         index = math.floor(now / c.bucket_s) if math.isfinite(now) else self.bucket or 0
         if self.bucket is None:
             self.bucket = index
@@ -76,7 +76,7 @@ class SpikeDetector:
                 self.history.append(0)
             self.bucket, self.current = index, 0
         # index < bucket (clock stepped back): keep counting into the bucket in progress
-        self.current += failures
+        self.current += count
 
         n = len(self.history)
         if n == 0:

@@ -143,9 +143,10 @@ class DefaultModelConfig:
             "latency_baseline_max_ms": (0.0, 1e6),
             "degraded_below": (0.0, 1.0),
         }
+        defaults = cls()
         for f in fields(cls):
             lo, hi = limits.get(f.name, (0.0, 1e3))
-            values[f.name] = section.number(f.name, f.default, min=lo, max=hi)
+            values[f.name] = section.number(f.name, getattr(defaults, f.name), min=lo, max=hi)
         section.reject_unknown()
         total = values["w_failure"] + values["w_latency"] + values["w_util"]
         if not math.isclose(total, 1.0, abs_tol=1e-6):
@@ -178,9 +179,12 @@ class DefaultModel:
         latencies = [p for p in (finite(z.p95_ms) for z in zones.values()) if p is not None and p >= 0]
         best = min(latencies) if latencies else None
         # capped: when every zone slows down together, the baseline must not follow them up
-        baseline = None if best is None else min(best, c.latency_baseline_max_ms)
-        baseline_text = "" if best is None or best <= baseline else \
-            f" (best zone {fmt(best)} ms, capped at latency_baseline_max_ms {c.latency_baseline_max_ms:g})"
+        baseline, baseline_text = None, ""
+        if best is not None:
+            baseline = min(best, c.latency_baseline_max_ms)
+            if best > baseline:
+                baseline_text = f" (best zone {fmt(best)} ms, capped at latency_baseline_max_ms " \
+                                f"{c.latency_baseline_max_ms:g})"
         out: dict[str, ZoneHealth] = {}
         # The quorum evaluates every node's zones each cycle (15,000 at 5,000 nodes): the
         # coefficients are read once per call, not once per zone.

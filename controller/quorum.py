@@ -70,16 +70,17 @@ class QuorumConfig:
 
     @classmethod
     def from_section(cls, section: Section) -> "QuorumConfig":
+        default = cls()
         cfg = cls(
-            min_nodes=section.integer("min_nodes", cls.min_nodes, min=1, max=100_000),
-            fraction=section.number("fraction", cls.fraction, min=0.0, max=1.0),
-            source_view_fraction=section.number("source_view_fraction", cls.source_view_fraction,
+            min_nodes=section.integer("min_nodes", default.min_nodes, min=1, max=100_000),
+            fraction=section.number("fraction", default.fraction, min=0.0, max=1.0),
+            source_view_fraction=section.number("source_view_fraction", default.source_view_fraction,
                                                 min=0.5, max=1.0),
-            min_source_azs=section.integer("min_source_azs", cls.min_source_azs, min=1, max=64),
-            min_node_samples=section.integer("min_node_samples", cls.min_node_samples, min=1, max=10**9),
-            healthy_band=section.number("healthy_band", cls.healthy_band, min=0.0, max=1.0),
-            host_zone_fraction=section.number("host_zone_fraction", cls.host_zone_fraction, min=0.01, max=1.0),
-            max_hosts_per_zone=section.integer("max_hosts_per_zone", cls.max_hosts_per_zone, min=1, max=4096),
+            min_source_azs=section.integer("min_source_azs", default.min_source_azs, min=1, max=64),
+            min_node_samples=section.integer("min_node_samples", default.min_node_samples, min=1, max=10**9),
+            healthy_band=section.number("healthy_band", default.healthy_band, min=0.0, max=1.0),
+            host_zone_fraction=section.number("host_zone_fraction", default.host_zone_fraction, min=0.01, max=1.0),
+            max_hosts_per_zone=section.integer("max_hosts_per_zone", default.max_hosts_per_zone, min=1, max=4096),
         )
         section.reject_unknown()
         return cfg

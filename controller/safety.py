@@ -66,24 +66,25 @@ class SafetyConfig:
     @classmethod
     def from_section(cls, section: Section, *, reject_unknown: bool = True) -> "SafetyConfig":
         """Read [safety]; with reject_unknown=False the caller may read more keys (e.g. heartbeat_s)."""
+        default = cls()
         cfg = cls(
-            min_samples=section.integer("min_samples", cls.min_samples, min=1, max=10**9),
-            stale_after_s=section.number("stale_after_s", cls.stale_after_s, min=0.1, max=86400),
-            equal_after_s=section.number("equal_after_s", cls.equal_after_s, min=0.1, max=86400),
-            max_drained_zones=section.integer("max_drained_zones", cls.max_drained_zones, min=0, max=MAX_ZONES),
+            min_samples=section.integer("min_samples", default.min_samples, min=1, max=10**9),
+            stale_after_s=section.number("stale_after_s", default.stale_after_s, min=0.1, max=86400),
+            equal_after_s=section.number("equal_after_s", default.equal_after_s, min=0.1, max=86400),
+            max_drained_zones=section.integer("max_drained_zones", default.max_drained_zones, min=0, max=MAX_ZONES),
             degraded_below=(section.number("degraded_below", DEGRADED_BELOW, min=0.0, max=1.0)
                             if section.has("degraded_below") else None),
-            recovery_band=section.number("recovery_band", cls.recovery_band, min=0.0, max=0.5),
-            hysteresis_points=section.number("hysteresis_points", cls.hysteresis_points, min=0.0, max=50.0),
-            max_increase_points=section.number("max_increase_points", cls.max_increase_points, min=0.5, max=100.0),
-            max_decrease_points=section.number("max_decrease_points", cls.max_decrease_points, min=0.5, max=100.0),
-            drain_dwell_s=section.number("drain_dwell_s", cls.drain_dwell_s, min=0.0, max=3600),
-            forget_after_s=section.number("forget_after_s", cls.forget_after_s, min=1.0, max=10**7),
-            recover_dwell_s=section.number("recover_dwell_s", cls.recover_dwell_s, min=0.0, max=3600),
-            flap_window_s=section.number("flap_window_s", cls.flap_window_s, min=0.0, max=86400),
-            max_recover_dwell_s=section.number("max_recover_dwell_s", cls.max_recover_dwell_s, min=0.0, max=3600),
-            panic_exit_s=section.number("panic_exit_s", cls.panic_exit_s, min=0.0, max=3600),
-            timer_slack_s=section.number("timer_slack_s", cls.timer_slack_s, min=0.0, max=10.0),
+            recovery_band=section.number("recovery_band", default.recovery_band, min=0.0, max=0.5),
+            hysteresis_points=section.number("hysteresis_points", default.hysteresis_points, min=0.0, max=50.0),
+            max_increase_points=section.number("max_increase_points", default.max_increase_points, min=0.5, max=100.0),
+            max_decrease_points=section.number("max_decrease_points", default.max_decrease_points, min=0.5, max=100.0),
+            drain_dwell_s=section.number("drain_dwell_s", default.drain_dwell_s, min=0.0, max=3600),
+            forget_after_s=section.number("forget_after_s", default.forget_after_s, min=1.0, max=10**7),
+            recover_dwell_s=section.number("recover_dwell_s", default.recover_dwell_s, min=0.0, max=3600),
+            flap_window_s=section.number("flap_window_s", default.flap_window_s, min=0.0, max=86400),
+            max_recover_dwell_s=section.number("max_recover_dwell_s", default.max_recover_dwell_s, min=0.0, max=3600),
+            panic_exit_s=section.number("panic_exit_s", default.panic_exit_s, min=0.0, max=3600),
+            timer_slack_s=section.number("timer_slack_s", default.timer_slack_s, min=0.0, max=10.0),
         )
         from azprobe.errors import ConfigError
 

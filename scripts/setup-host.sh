@@ -5,7 +5,7 @@ set -euo pipefail
 
 DEB_PACKAGES=(
   python3-bpfcc bpfcc-tools linux-headers-amd64   # BCC and the headers it compiles against
-  python3-venv python3-dev                         # the project's venv, C extensions
+  python3-venv python3-dev gcc                     # the project's venv, C extensions, the compiled controller
   nftables iptables iproute2 ethtool               # the lab: loss, NFQUEUE delay, offloads
   libnetfilter-queue-dev                           # netfilterqueue (the lab's delay line)
   systemd                                          # systemd-analyze for the unit checks

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -21,6 +22,17 @@ import pytest
 from azprobe.controller.config import DEFAULT_EVALUATION_WINDOW_S
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_source(module: str) -> Path:
+    """The source file of azprobe module `module` in this checkout (pyproject.toml's
+    package-dir maps controller/ to azprobe.controller, ...), also when the module runs
+    compiled and its __file__ is the extension."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    package = max((p for p in mapping if module == p or module.startswith(p + ".")), key=len)
+    path = ROOT / mapping[package] / module[len(package):].lstrip(".").replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 # The [safety] keys the lab tests' controllers run on (run_scenario's `safety`): a zone
 # recovers after one evaluation window of health instead of the shipped 10 s and regains

@@ -35,6 +35,8 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from azprobe.contracts.window import is_decimal
 from azprobe.security.tls import TlsFiles, client_context, peer_fingerprint, peer_names
 
@@ -58,6 +60,7 @@ REFUSED_AFTER_HANDSHAKE = ("the server closed the connection right after the TLS
                            "refuses this side's client certificate (none, or not signed by a CA it trusts)")
 
 
+@mypyc_attr(native_class=False)
 class ClosedAfterHandshake(ConnectionResetError):
     """A new TLS connection closed by the server before any answer to its first request.
     Under TLS 1.3 a server checks the client's certificate after the handshake, and the
@@ -522,16 +525,12 @@ class AgentHttpClient:
         if loop is None or not loop.is_running():  # get_running_loop() is a getpid() call on 3.11: once per loop
             loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        headers = headers or {}
-        if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in headers.items()):
-            raise HttpError("a request header must be one line")
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        raw = (f"GET {ep.path}{path_and_query} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
-               f"User-Agent: {self._user_agent}\r\n{extra}\r\n").encode("latin-1")
+        raw = _get_request(ep, path_and_query, headers or {}, self._user_agent)
         key = ep.key
         for attempt in (0, 1):
             conn, reused = await self._take(ep, key, deadline)
             self._watch(conn, deadline)
+            retry = False
             try:
                 response = await conn.request(raw, loop)
             except TimeoutError:
@@ -539,9 +538,9 @@ class AgentHttpClient:
             except (ConnectionError, OSError) as exc:
                 conn.close()
                 # The server closed an idle kept-alive connection: retry once, fresh.
-                if reused and attempt == 0 and not conn.got_bytes:
-                    continue
-                raise exc
+                if not (reused and attempt == 0 and not conn.got_bytes):
+                    raise exc
+                retry = True
             except asyncio.CancelledError:
                 self._abandon(conn, TimeoutError("the request was cancelled"))
                 raise
@@ -550,6 +549,8 @@ class AgentHttpClient:
                 raise
             finally:
                 self._inflight.pop(conn, None)
+            if retry:
+                continue
             if response.keep_alive and not conn.closed:
                 self._keep(key, conn)
             else:
@@ -614,10 +615,25 @@ class AgentHttpClient:
         self._idle.clear()
         for task in self._connecting.values():
             task.cancel()
-            task.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+            task.add_done_callback(_close_connected)
         self._connecting.clear()
         self._handshakes = None  # the next loop (a new leader's term) makes its own
         self._idle_count = 0
+
+
+def _get_request(ep: Endpoint, path_and_query: str, headers: Mapping[str, str], user_agent: str) -> bytes:
+    """The GET request's bytes; a header that is not one line is refused."""
+    if any("\r" in f"{k}{v}" or "\n" in f"{k}{v}" for k, v in headers.items()):
+        raise HttpError("a request header must be one line")
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return (f"GET {ep.path}{path_and_query} HTTP/1.1\r\nHost: {ep.host_header}\r\n"
+            f"User-Agent: {user_agent}\r\n{extra}\r\n").encode("latin-1")
+
+
+def _close_connected(task: asyncio.Task[_Connection]) -> None:
+    """A connect cancelled by close() that finished anyway: its connection is closed."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 def _retrieved(task: asyncio.Task[_Connection]) -> None:

@@ -109,7 +109,7 @@ class Histogram:
         return {"scheme": SCHEME, "counts": {str(k): v for k, v in sorted(self.counts.items())}}
 
     @classmethod
-    def from_json(cls, doc: Mapping) -> "Histogram":
+    def from_json(cls, doc: object) -> "Histogram":
         """Parse {"scheme": ..., "counts": {"<lower µs>": n}}; raises ValueError."""
         # type() first: json.loads gives dicts, and the Mapping ABC check is slow.
         if type(doc) is not dict and not isinstance(doc, Mapping):
@@ -130,7 +130,7 @@ class Histogram:
                 raise ValueError(f"histogram bucket {key!r} has bad count {n!r}")
             if n:
                 parsed[lower] = parsed.get(lower, 0) + n
-        hist = cls.__new__(cls)  # counts already validated: skip __init__'s re-check
+        hist = cls()  # and the counts set: __init__ would check them again
         hist.counts = parsed
         return hist
 

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from azprobe.contracts.sketch import (
     LAST_BUCKET,
@@ -90,7 +91,7 @@ NAME_RULE = "letters, digits, '.', '_' and '-'"
 _KNOWN_NAMES: set[str] = set()  # names already checked: AZ names repeat in every path of every window
 
 
-def is_name(value: object, limit: int) -> bool:
+def is_name(value: object, limit: int) -> TypeGuard[str]:
     """A name of 1..`limit` of [A-Za-z0-9._-]; the names seen before are remembered (bounded)."""
     if type(value) is str and value in _KNOWN_NAMES and len(value) <= limit:
         return True
@@ -169,6 +170,12 @@ def is_canonical_address(value: object) -> bool:
     if ok and len(_KNOWN_ADDRESSES) < 100_000:  # bounded, as _KNOWN_NAMES
         _KNOWN_ADDRESSES.add(value)
     return ok
+
+
+def address_error(field: str, value: object) -> WindowError:
+    """The error for a `field` whose `value` is not a canonical address."""
+    return WindowError(f"{field}: {printable(value, 40)!r} is not an IPv4 or IPv6 address in canonical form "
+                       "(for example 198.18.2.6 or 2001:2:0:120::102)")
 
 
 def host_rtt_bucket(rtt_us: int) -> int:
@@ -319,10 +326,10 @@ def _name(doc: Mapping, key: str, where: str, limit: int) -> str:
     value = doc.get(key)
     if not is_name(value, limit):
         raise name_error(f"{where}{key}", value, limit)
-    return value  # type: ignore[return-value]
+    return value
 
 
-def _is_object(value: object) -> bool:
+def _is_object(value: object) -> TypeGuard[Mapping[Any, Any]]:
     # json.loads gives dicts; the Mapping ABC check is the slow path for anything else.
     return type(value) is dict or isinstance(value, Mapping)
 
@@ -384,8 +391,11 @@ def parse_host(doc: object, where: str) -> HostStats:
     for n in buckets:
         if type(n) is not int or not 0 <= n <= MAX_COUNT:
             raise _count_error(prefix, "rtt_buckets", n)
-    return HostStats(_name(doc, "src", prefix, MAX_AZ_NAME), _name(doc, "dst", prefix, MAX_AZ_NAME),
-                     doc.get("addr"), *counts, rtt_buckets=list(buckets))  # type: ignore[arg-type]
+    src, dst, addr = _name(doc, "src", prefix, MAX_AZ_NAME), _name(doc, "dst", prefix, MAX_AZ_NAME), doc.get("addr")
+    if not isinstance(addr, str):  # its canonical form is check_window's, for both encodings
+        raise address_error(f"{prefix}addr", addr)
+    connects, failures, retrans, rto = counts
+    return HostStats(src, dst, addr, connects, failures, retrans, rto, list(buckets))
 
 
 def _hosts(doc: Mapping) -> list[HostStats]:
@@ -399,11 +409,11 @@ def _hosts(doc: Mapping) -> list[HostStats]:
 
 def _histogram(doc: object, where: str) -> Histogram:
     if _is_object(doc):
-        scheme = doc.get("scheme", SCHEME)  # type: ignore[union-attr]
+        scheme = doc.get("scheme", SCHEME)
         if scheme != SCHEME:
             raise WindowError(f"{where}.scheme: {printable(scheme, 40)!r} is not {SCHEME!r}")
     try:
-        hist = Histogram.from_json(doc)  # type: ignore[arg-type]
+        hist = Histogram.from_json(doc)
     except ValueError as exc:
         raise WindowError(f"{where}: {printable(str(exc), 120)}") from None
     _check_buckets(hist.counts, where)
@@ -503,8 +513,7 @@ def _check_hosts(hosts: list[HostStats]) -> None:
         raise WindowError(f"hosts: {len(hosts)} hosts exceed {MAX_HOSTS}")
     for i, h in enumerate(hosts):
         if not is_canonical_address(h.addr):
-            raise WindowError(f"hosts[{i}].addr: {printable(h.addr, 40)!r} is not an IPv4 or IPv6 address "
-                              "in canonical form (for example 198.18.2.6 or 2001:2:0:120::102)")
+            raise address_error(f"hosts[{i}].addr", h.addr)
         if h.failures > h.connects + MAX_CONNECT_CARRY:
             raise WindowError(f"hosts[{i}].failures: {h.failures} exceed connects {h.connects} by more than "
                               f"the {MAX_CONNECT_CARRY} connects one window can carry over")

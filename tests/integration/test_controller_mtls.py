@@ -197,22 +197,22 @@ def test_an_agent_certificate_replaced_on_disk_is_used_by_the_next_handshake(dev
     monkeypatch.setattr("azprobe.security.tls.CHECK_EVERY_S", 0.0)
     _honest(fleet)
     ctl = _controller(devconsul, fleet)
-    seen: list[str] = []
-    check = ctl.collector.guard.check
-
-    def spy(url, peer, node):  # type: ignore[no-untyped-def]
-        if node == "node-az-a-0":
-            seen.append(peer.serial)
-        return check(url, peer, node)
-
-    ctl.collector.guard.check = spy  # type: ignore[method-assign]
+    seen: list[str] = []  # the certificate node-az-a-0 answered each round with
     server = fleet.servers[0]
 
+    def answered_with() -> str:
+        (conn,) = [c for conns in ctl.collector._http._idle.values() for c in conns
+                   if c.peer is not None and _spiffe("node-az-a-0") in c.peer.names]
+        return conn.peer.serial
+
     def rotate(i: int) -> None:
+        if i > 0:  # before round i: how round i - 1 was answered
+            seen.append(answered_with())
         if i == 2:  # the rotation: the same paths, a new certificate and key
             fleet.ca.issue("node-az-a-0", uri=[_spiffe("node-az-a-0")], file_stem="node-az-a-0")
 
-    docs = _rounds(devconsul, ctl, fleet.agents, 5, between=rotate)
+    # Six rounds for five answers: the collector closes its connections after the last one.
+    docs = _rounds(devconsul, ctl, fleet.agents, 6, between=rotate)
     assert len(set(seen)) == 2, seen  # before, and from the first connection after the rotation on
     assert seen[:2] == [seen[0]] * 2 and seen[2:] == [seen[-1]] * 3
     assert server.tls is not None and server.tls.generation == 2

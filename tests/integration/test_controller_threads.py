@@ -223,14 +223,14 @@ def test_a_decision_is_written_when_it_is_made_not_at_the_next_consul_round(devc
             "agents": {"static": [f"http://127.0.0.1:{server.port}"], "pull_timeout_s": 0.3},
             "topology": {"azs": AZS},
         }))
-        decide = ctl.decider.cycle
+        decide = ctl.cycle
 
         async def after_the_term_starts():  # the order a busy leader meets every cycle
             while not ctl.consul.term_started:
                 await asyncio.sleep(0.01)
             return await decide()
 
-        ctl.decider.cycle = after_the_term_starts  # type: ignore[method-assign]
+        ctl.cycle = after_the_term_starts  # type: ignore[method-assign]
 
         async def run() -> float:
             stop = asyncio.Event()

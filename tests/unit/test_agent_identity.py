@@ -18,13 +18,16 @@ SPIFFE = "spiffe://cluster.local/azprobe/node/{node}"
 
 
 @pytest.fixture
-def guard(tmp_path: Path) -> AgentGuard:
+def clock() -> list[float]:
+    """The guard's clock: moved by the test."""
+    return [1000.0]
+
+
+@pytest.fixture
+def guard(tmp_path: Path, clock: list[float]) -> AgentGuard:
     ca = TestCA.create(tmp_path, "ca")
     me = ca.issue("controller", uri=["spiffe://cluster.local/azprobe/controller"])
-    clock = [1000.0]
-    g = AgentGuard(TlsFiles(me.cert_file, me.key_file, ca.cert_file), SPIFFE, clock=lambda: clock[0])
-    g.clock_value = clock  # type: ignore[attr-defined]
-    return g
+    return AgentGuard(TlsFiles(me.cert_file, me.key_file, ca.cert_file), SPIFFE, clock=lambda: clock[0])
 
 
 def peer(*names: str, fingerprint: str = "f1") -> PeerCertificate:
@@ -51,11 +54,11 @@ def test_exact_san_passes_and_anything_else_is_refused_with_both_names(guard, ca
     assert guard.refused == {"mismatch": 1, "no_identity": 1, "shared_certificate": 0, "not_tls": 1}
 
 
-def test_one_url_per_certificate_until_it_is_silent(guard):
+def test_one_url_per_certificate_until_it_is_silent(guard, clock):
     both = peer(SPIFFE.format(node="x"), SPIFFE.format(node="y"))
     assert guard.check("https://x", both, "x") == ""
     assert "one URL per certificate" in guard.check("https://y", both, "y")
-    guard.clock_value[0] += CERTIFICATE_HOLD_S  # type: ignore[attr-defined]
+    clock[0] += CERTIFICATE_HOLD_S
     guard.new_cycle()
     assert guard.check("https://y", both, "y") == ""
     assert guard.refused["shared_certificate"] == 1

@@ -19,8 +19,6 @@ SAME_THING_TWICE = {
     # A TCP connection: the agent's server's end (agent/httpserver/connections.py), the
     # HTTP client's end (azprobe/clients/transport.py).
     "Connection": 2,
-    # A window: the contract's dataclass and the compact codec's private wire struct for it.
-    "Window": 2,
 }
 
 

@@ -70,7 +70,7 @@ def test_a_zone_seen_without_votes_is_known_without_evidence():
 
 def test_degraded_below_is_the_models_unless_safety_sets_it():
     assert DecisionRules(DefaultModel()).safety.degraded_threshold == DEGRADED_BELOW
-    assert DecisionRules(SeedV1Model()).safety.degraded_threshold == SeedV1Model.degraded_below
+    assert DecisionRules(SeedV1Model()).safety.degraded_threshold == SeedV1Model().degraded_below
     assert DecisionRules(SeedV1Model(), safety=SafetyConfig(degraded_below=0.5)).safety.degraded_threshold == 0.5
 
 

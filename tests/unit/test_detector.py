@@ -125,7 +125,7 @@ def test_clock_stepping_back_keeps_the_bucket():
 
 def test_garbage_failures_are_zero():
     d = SpikeDetector()
-    r = d.update(T0, float("nan"))  # type: ignore[arg-type]
+    r = d.update(T0, float("nan"))
     assert r.current == 0
     assert d.update(T0, -5).current == 0
 
