@@ -3,6 +3,7 @@ identity (one URL, one node), the per-node window cap."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 from collections import deque
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from azprobe.controller.collect import GAP_SLACK_WINDOWS, Collector, gap_bound
+from azprobe.controller.collect import GAP_SLACK_WINDOWS, Collector, gap_bound, work_within
 from azprobe.controller.window_source import AgentCursor, AgentState, AgentTarget
 from azprobe.controller.window_store import WindowStore
 from tests.controller_harness import topology
@@ -420,3 +421,50 @@ def test_a_json_integer_past_a_floats_range_is_a_garbage_window_not_a_crash(fiel
     agent.emit(end=102.0)
     assert collector.ingest(cursor, agent.body(0), clock()) == 2
     assert collector.counters.windows_garbage == 1 and cursor.newest_end == 102.0
+
+
+# --- the pool of pulls under the cycle budget (work_within) ---------------------------
+def _within(jobs: list[int], work, workers: int, budget_s: float = 0.01) -> tuple[list[int], int, list[int]]:
+    started: list[int] = []
+
+    async def tracked(job: int) -> None:
+        started.append(job)
+        await work(job)
+
+    async def run() -> tuple[list[int], int]:
+        # The pool must return by itself; this bound only turns a hang into a failure.
+        return await asyncio.wait_for(work_within(budget_s, jobs, tracked, workers), 10)
+
+    unstarted, cut = asyncio.run(run())
+    return unstarted, cut, started
+
+
+async def _forever(job: int) -> None:
+    await asyncio.Event().wait()
+
+
+def test_the_pool_runs_every_job_within_the_budget():
+    async def quick(job: int) -> None:
+        await asyncio.sleep(0)
+
+    assert _within(list(range(10)), quick, workers=3, budget_s=10.0) == ([], 0, list(range(10)))
+
+
+def test_the_budget_cuts_the_jobs_in_flight_and_starts_no_other():
+    unstarted, cut, started = _within(list(range(6)), _forever, workers=2)
+    assert (unstarted, cut, started) == ([2, 3, 4, 5], 2, [0, 1])
+
+
+def test_a_job_that_swallows_its_cancellation_stops_its_worker_at_the_budget():
+    """asyncio.wait_for (Python 3.11) returns its result when a cancellation meets the
+    completion of what it waited for: the cancellation is lost, the job ends normally.
+    Its worker must not go on with the next job (a whole cycle's worth, past the budget)."""
+    async def swallows(job: int) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if job != 0:
+                raise
+
+    unstarted, cut, started = _within(list(range(5)), swallows, workers=1)
+    assert (unstarted, cut, started) == ([1, 2, 3, 4], 0, [0])
