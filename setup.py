@@ -6,8 +6,8 @@ carries the agent, the controller, the consumers and their contracts, and none o
 dev tools (azprobe.dev: the lab, devconsul, the demo) — docs/operations.md, "Install".
 
 The controller's per-cycle path (pyproject.toml, [tool.azprobe] compiled) is compiled to
-C with mypyc: the same Python source, type-checked by mypy as it is built, for about
-half the CPU a cycle (docs/scale.md, "Compiled"). It needs a C compiler and the Python
+C with mypyc: the same Python source, type-checked by mypy as it is built, for about a
+third less CPU a cycle (docs/scale.md, "Compiled"). It needs a C compiler and the Python
 headers (Debian: gcc, python3-dev). AZPROBE_COMPILE=0 installs it all as plain Python.
 """
 
