@@ -347,8 +347,8 @@ async def work_within(budget_s: float, jobs: Iterable[T], work: Callable[[T], Aw
 
     The budget stops the pool by a flag as well as by cancelling it: asyncio.wait_for
     (Python 3.11) swallows a cancellation that meets the completion of what it waits for,
-    and a worker would go on through the rest of the jobs (a full reconnect's first cycle
-    ran 6-11 s on a 1 s budget, the handshakes completing all the time)."""
+    and the worker would go on through the rest of the jobs, for seconds past the budget
+    when thousands of TLS handshakes are completing (a full reconnect)."""
     queue = iter(jobs)
     unstarted: list[T] = []
     cut = 0

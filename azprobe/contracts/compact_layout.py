@@ -35,8 +35,8 @@ from azprobe.contracts.window import (
 
 # The window contract's per-field rules, checked by msgspec in C (window.py has the same
 # rules for JSON); the cross-field ones are window.check_window's. The names' characters
-# are window.is_name's, in _window_from_struct: every window repeats the same few names,
-# and that check remembers them, where a pattern here ran a regex on each (1.9 us a window).
+# are window.is_name's, in windowcodec._window_from_struct: every window repeats the same
+# few names, and that check remembers them, where a pattern here ran a regex on each.
 AzName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_AZ_NAME)]
 NodeName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NODE_NAME)]
 BootId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_BOOT_ID)]

@@ -68,7 +68,6 @@ COMPACT_TYPE = "application/vnd.azprobe.windows.v1+msgpack"
 ACCEPT_BOTH = f"{COMPACT_TYPE}, {JSON_TYPE};q=0.5"
 
 
-
 @dataclass
 class PendingWindow:
     """One window of a page, not yet validated: `seq`/`end` when readable (for the
