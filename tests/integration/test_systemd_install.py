@@ -67,3 +67,16 @@ def test_relative_prefix_is_refused(tmp_path):
     result = install(Path("relative/prefix"), tmp_path / "u", tmp_path / "c")
     assert result.returncode == 2
     assert "PREFIX must be an absolute path" in result.stderr
+
+
+def test_a_host_without_a_c_compiler_is_told_what_to_install(tmp_path):
+    """The build compiles the controller (setup.py): without a compiler the install stops
+    before it starts, in one line naming the packages and the plain-Python way."""
+    env = {**os.environ, "CC": "azprobe-test-no-such-cc", "SYSTEMD_UNIT_DIR": str(tmp_path / "u"),
+           "AZPROBE_CONFIG_DIR": str(tmp_path / "c")}  # CC: the compiler setuptools would run
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), str(tmp_path / "prefix")],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert "C compiler" in line and "apt-get install gcc python3-dev" in line and "AZPROBE_COMPILE=0" in line
+    assert not (tmp_path / "prefix").exists()
