@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import importlib
+import importlib.machinery
 import json
 import os
 import socket
@@ -400,9 +401,22 @@ def agents_tls_checks(agents: Any, timeout_s: float) -> Iterator[Check]:
         yield fail("agents", f"none of the {len(results)} agents answered", "start the agents, or fix agents.static")
 
 
+def compiled_check(module: Any) -> Check:
+    """Whether the controller's per-cycle modules run compiled (setup.py), judged by one of
+    them (`module`): the build compiles all of them or none."""
+    built = str(getattr(module, "__file__", None) or "")
+    if built.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+        return ok("compiled", "the cycle's modules run compiled (mypyc)")
+    return warn("compiled", "the cycle's modules run as plain Python (installed with AZPROBE_COMPILE=0, or not "
+                "built): about 1.6 times the CPU a cycle",
+                "reinstall on a host with gcc and python3-dev (make install), see docs/operations.md \"Install\"")
+
+
 def controller_checks(config_path: str | None) -> Iterator[Check]:
     from azprobe.clients.consul import ConsulSettings
+    from azprobe.controller import window_store
 
+    yield compiled_check(window_store)
     if config_path:
         from azprobe.controller.config import load_config
 

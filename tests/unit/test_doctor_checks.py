@@ -107,3 +107,14 @@ def test_plain_http_from_a_non_loopback_agent_is_a_warning(agents, status):
     assert check.status == status, check
     if status == "warn":
         assert "plain HTTP" in check.detail and "[agents.tls]" in check.fix
+
+
+def test_a_controller_running_its_cycle_as_plain_python_is_a_warning_naming_the_fix():
+    import types
+
+    from azprobe.commands.doctor import compiled_check
+
+    compiled = compiled_check(types.SimpleNamespace(__file__="/x/window_store.cpython-311-x86_64-linux-gnu.so"))
+    plain = compiled_check(types.SimpleNamespace(__file__="/x/window_store.py"))
+    assert (compiled.name, compiled.status, plain.name, plain.status) == ("compiled", "ok", "compiled", "warn")
+    assert "AZPROBE_COMPILE=0" in plain.detail and "gcc and python3-dev" in (plain.fix or "")
