@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import random
+
 import pytest
 
 from azprobe.clients.transport import MAX_BODY_BYTES
