@@ -59,6 +59,14 @@ class Histogram:
             for lower, n in counts.items():
                 self.add_bucket(int(lower), int(n))
 
+    @classmethod
+    def of_checked(cls, counts: dict[int, int]) -> "Histogram":
+        """A histogram holding `counts` itself, which its reader checked already (the keys
+        lower bounds, the counts in range): __init__ would check them again, per bucket."""
+        hist = cls()
+        hist.counts = counts
+        return hist
+
     def record(self, value: int, n: int = 1) -> None:
         self.add_bucket(bucket_lower_bound(bucket_index(value)), n)
 
@@ -130,9 +138,7 @@ class Histogram:
                 raise ValueError(f"histogram bucket {key!r} has bad count {n!r}")
             if n:
                 parsed[lower] = parsed.get(lower, 0) + n
-        hist = cls()  # and the counts set: __init__ would check them again
-        hist.counts = parsed
-        return hist
+        return cls.of_checked(parsed)
 
 
 # The names loglin-16 writers use, pre-parsed: a dict lookup beats int() on the hot path.

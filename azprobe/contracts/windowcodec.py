@@ -201,14 +201,7 @@ def _window_from_struct(c: CompactWindow) -> Window:
 def _path_stats(p: CompactPath) -> PathStats:
     return PathStats(p.src, p.dst, conn_attempts=p.conn_attempts, conn_ok=p.conn_ok, conn_refused=p.conn_refused,
                      conn_timeout=p.conn_timeout, syn_retrans=p.syn_retrans, retrans=p.retrans, rto=p.rto,
-                     rtt_us=_histogram(p.rtt_us), connect_us=_histogram(p.connect_us))
-
-
-def _histogram(counts: dict[int, int]) -> Histogram:
-    """A Histogram of counts the decoder checked (Histogram's __init__ would check them again)."""
-    hist = Histogram()
-    hist.counts = counts
-    return hist
+                     rtt_us=Histogram.of_checked(p.rtt_us), connect_us=Histogram.of_checked(p.connect_us))
 
 
 def _az_name_error(item: CompactPath | CompactHost, where: str) -> WindowError:
