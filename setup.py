@@ -54,8 +54,10 @@ def compiled_modules() -> list:
 
     sources = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["azprobe"]["compiled"]
     top = installed_layout()
-    # controller/quorum.py lies at azprobe/controller/quorum.py there; azprobe/... as it is
-    staged = [top / path if path.startswith("azprobe/") else top / "azprobe" / path for path in sources]
+    staged = []
+    for path in sources:  # controller/quorum.py lies at azprobe/controller/quorum.py there
+        folder, _, rest = path.partition("/")
+        staged.append(top / MAPPED.get(folder, folder).replace(".", "/") / rest)
     return mypycify([str(p.relative_to(ROOT)) for p in staged], opt_level="3", group_name="azprobe")
 
 
