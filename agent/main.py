@@ -292,6 +292,8 @@ class Agent:
             "lost_events_total": float(self.probe.lost_events),
             # Connects with no slot to track their outcome (BPF probe only; 0: sock_diag).
             "untracked_connects_total": float(getattr(self.probe, "untracked_connects", 0)),
+            # Handler runs the kernel skipped, their counts lost (BPF probe only; 0: sock_diag).
+            "handler_misses_total": float(getattr(self.probe, "handler_misses", 0)),
             # Host summaries not kept: the probe's host table was full (0: sock_diag).
             "hosts_dropped_total": float(getattr(self.probe, "hosts_dropped", 0)),
             "topology_prefixes": float(sum(len(n) for n in self.config.topology.values())),

@@ -170,10 +170,9 @@ def load_program(cflags: list[str], hooks: BtfHooks | None) -> tuple[object, lis
     return compile_program(bpf.PROGRAM, cflags), []
 
 
-def program_stats(program: object, btf_handlers: Iterable[TracingProgram] = ()) -> dict[str, tuple[int, int]]:
-    """Cumulative run time and run count of each loaded handler (BCC's and the tp_btf ones
-    loaded beside it), by tracepoint, read from this process's /proc/self/fdinfo (the
-    kernel fills them only while bpf_stats are on)."""
+def _handler_fdinfo(program: object, btf_handlers: Iterable[TracingProgram]) -> dict[str, dict[str, str]]:
+    """Each loaded handler's /proc/self/fdinfo fields (BCC's and the tp_btf ones loaded
+    beside it), by tracepoint."""
     out = {}
     loaded = [(f.name.decode() if isinstance(f.name, bytes) else f.name, f.fd) for f in program.funcs.values()]
     for name, fd in loaded + [(h.name, h.prog_fd) for h in btf_handlers]:
@@ -184,9 +183,24 @@ def program_stats(program: object, btf_handlers: Iterable[TracingProgram] = ()) 
                 fields[key.strip()] = value.strip()
         except OSError:
             continue
-        if "run_time_ns" in fields:
-            out[name.rsplit("__", 1)[-1]] = (int(fields["run_time_ns"]), int(fields.get("run_cnt", 0)))
+        out[name.rsplit("__", 1)[-1]] = fields
     return out
+
+
+def program_stats(program: object, btf_handlers: Iterable[TracingProgram] = ()) -> dict[str, tuple[int, int]]:
+    """Cumulative run time and run count of each loaded handler, by tracepoint (the
+    kernel fills them only while bpf_stats are on)."""
+    return {name: (int(fields["run_time_ns"]), int(fields.get("run_cnt", 0)))
+            for name, fields in _handler_fdinfo(program, btf_handlers).items() if "run_time_ns" in fields}
+
+
+def handler_misses(program: object, btf_handlers: Iterable[TracingProgram] = ()) -> int:
+    """Runs of the handlers the kernel skipped since load, all handlers summed. The
+    kernel's recursion guard does not start a handler on a CPU where it holds one running
+    (a classic tracepoint's: any tracing program there, e.g. one a timer interrupted), so
+    what the run would have counted is lost. fdinfo's recursion_misses counts them, with
+    or without bpf_stats."""
+    return sum(int(fields.get("recursion_misses", 0)) for fields in _handler_fdinfo(program, btf_handlers).values())
 
 
 @dataclass(frozen=True)
@@ -460,6 +474,11 @@ class Probe:
     def program_stats(self) -> dict[str, tuple[int, int]]:
         """Handler name (e.g. "tcp_probe") -> (run_time_ns, run_cnt) from bpf_stats."""
         return program_stats(self.bpf, self.btf_handlers)
+
+    @property
+    def handler_misses(self) -> int:
+        """Handler runs the kernel skipped since load (handler_misses)."""
+        return handler_misses(self.bpf, self.btf_handlers)
 
     def close(self) -> None:
         for handler in self.btf_handlers:

@@ -118,8 +118,11 @@ def _settle(agent, after: int, src: str, dst: str, field: str, want: int) -> int
         wait_for(lambda: path_total(agent, after, src, dst, field) >= want, timeout=30,
                  message=f"{field} on {src}->{dst} >= {want}")
     except AssertionError as exc:
+        gauges = agent.gauges()
         raise AssertionError(f"{exc}; the agent's totals on {src}->{dst} since it loaded: "
-                             f"{agent.path_totals().get((src, dst))}") from None
+                             f"{agent.path_totals().get((src, dst))}; handler runs the kernel skipped: "
+                             f"{gauges['handler_misses_total']:.0f}, untracked connects: "
+                             f"{gauges['untracked_connects_total']:.0f}") from None
     seq = latest_seq(agent)
     wait_for(lambda: latest_seq(agent) > seq, timeout=5, message="one more window")
     return path_total(agent, after, src, dst, field)
@@ -264,6 +267,22 @@ def test_a_kernel_that_refuses_a_btf_handler_gets_classic_hooks(monkeypatch, cap
     assert _bpf_prog_fds() == before
 
 
+def _syn_timeout_counted(agent, probe: Probe, start: int, port: int) -> None:
+    """One unanswered connect to az-c's full listener, counted as one SYN timeout. The
+    one loss the probe cannot help: the kernel skips a handler run when a BPF program
+    is already running on that CPU (a timer closing the socket interrupted one), and
+    says so in the handlers' recursion_misses. Only then is the connect made once more."""
+    for attempt in (1, 2):
+        misses = probe.handler_misses
+        assert _connect(C, port, syncnt=1, timeout=10) == "timeout"
+        try:
+            assert _settle(agent, start, "az-a", "az-c", "conn_timeout", 1) == 1
+            return
+        except AssertionError:
+            if attempt == 2 or probe.handler_misses == misses:
+                raise
+
+
 def test_without_btf_the_classic_tracepoints_count_alike(config_file, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="azprobe.agent.probe"):
         probe = Probe.load(btf_path=tmp_path / "no-vmlinux")
@@ -285,12 +304,12 @@ def test_without_btf_the_classic_tracepoints_count_alike(config_file, tmp_path, 
             events_before = max((e["id"] for e in agent.events_doc(0)["events"]), default=0)
             assert [_connect(B, server.port, payload=b"z") for _ in range(3)] == ["ok"] * 3
             assert [_connect(C, port, family=socket.AF_INET6) for _ in range(2)] == ["refused"] * 2
-            assert _connect(C, listener.getsockname()[1], syncnt=1, timeout=10) == "timeout"
             assert _settle(agent, start, "az-a", "az-b", "conn_ok", 3) == 3
             assert _settle(agent, start, "az-a", "az-c", "conn_refused", 2) == 2
             events = [e for e in agent.events_doc(events_before)["events"] if e["daddr"] == C and e["dport"] == port]
             assert [e["kind"] for e in events] == ["conn_refused"] * 2
-            assert _settle(agent, start, "az-a", "az-c", "conn_timeout", 1) == 1
+            _syn_timeout_counted(agent, probe, start, listener.getsockname()[1])
+            assert agent.gauges()["handler_misses_total"] == probe.handler_misses
             assert agent.path_totals()[("az-a", "az-c")]["syn_rto"] >= 1  # tcp_cong_state_set
             assert path_total(agent, start, "az-a", "az-c", "rto") == 0
             wait_for(lambda: _echo_rtt_samples(agent, start, server, "az-a", "az-b") >= 3, timeout=30,
