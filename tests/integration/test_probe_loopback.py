@@ -269,9 +269,10 @@ def test_a_kernel_that_refuses_a_btf_handler_gets_classic_hooks(monkeypatch, cap
 
 def _syn_timeout_counted(agent, probe: Probe, start: int, port: int) -> None:
     """One unanswered connect to az-c's full listener, counted as one SYN timeout. The
-    one loss the probe cannot help: the kernel skips a handler run when a BPF program
-    is already running on that CPU (a timer closing the socket interrupted one), and
-    says so in the handlers' recursion_misses. Only then is the connect made once more."""
+    one loss the probe cannot help: the kernel skips a classic handler's run when a BPF
+    program or a map read is under way on that CPU (a timer closing the socket
+    interrupted one), and says so in the handlers' recursion_misses. Only then is the
+    connect made once more."""
     for attempt in (1, 2):
         misses = probe.handler_misses
         assert _connect(C, port, syncnt=1, timeout=10) == "timeout"
