@@ -198,8 +198,8 @@ def handler_misses(program: object, btf_handlers: Iterable[TracingProgram] = ())
     """Runs of the handlers the kernel skipped since load, all handlers summed. The
     kernel's recursion guard does not start a handler on a CPU where it holds one running
     (a classic tracepoint's: any tracing program there, or a map read copying a value
-    out, e.g. one a timer interrupted), so what the run would have counted is lost. fdinfo's recursion_misses counts them, with
-    or without bpf_stats."""
+    out, e.g. one a timer interrupted), so what the run would have counted is lost.
+    fdinfo's recursion_misses counts them, with or without bpf_stats."""
     return sum(int(fields.get("recursion_misses", 0)) for fields in _handler_fdinfo(program, btf_handlers).values())
 
 

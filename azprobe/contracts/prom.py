@@ -128,7 +128,8 @@ _AGENT_SCALAR_HELP = {
     "untracked_connects_total": "Connects whose outcome the BPF probe could not track (their set of in-flight "
                                 "slots was full); their attempts still count",
     "handler_misses_total": "Runs of the BPF probe's handlers the kernel skipped (its recursion guard: another BPF "
-                            "program was running on that CPU); what they would have counted is lost",
+                            "program, or a map read, was under way on that CPU); what they would have counted "
+                            "is lost",
     "hosts_dropped_total": "Per-destination-host summaries the BPF probe could not keep because its host table "
                            "([agent] max_hosts) was full: connects to a host left out, and readings of samples of "
                            "such a host",
